@@ -1,0 +1,48 @@
+"""Typed errors. Each names what failed and where, so a message alone can be acted on."""
+
+from __future__ import annotations
+
+
+class TmemError(Exception):
+    """Base of every error tmem raises on purpose."""
+
+
+class IngestError(TmemError):
+    """An archive is malformed. Names the file, the record (line or JSON pointer) and the reason."""
+
+    def __init__(self, path: str, record: str, reason: str) -> None:
+        self.path = path
+        self.record = record
+        self.reason = reason
+        super().__init__(f"{path}: {record}: {reason}")
+
+
+class StoreError(TmemError):
+    """The store is missing, locked, or inconsistent."""
+
+
+class LLMError(TmemError):
+    """An LLM call failed. Names the operation and a short description of its input."""
+
+    def __init__(self, operation: str, input_ref: str, reason: str, raw_output: str | None = None) -> None:
+        self.operation = operation
+        self.input_ref = input_ref
+        self.reason = reason
+        self.raw_output = raw_output
+        super().__init__(f"LLM operation {operation!r} on {input_ref}: {reason}")
+
+
+class LLMTransportError(LLMError):
+    """The endpoint kept failing (HTTP 429/5xx, timeouts, connection errors) after all retries."""
+
+
+class LLMOutputError(LLMError):
+    """The model's answer stayed invalid (not JSON, or not the schema) after the bounded repair."""
+
+
+class ValidationFailure(LLMOutputError):
+    """The answer parsed but contradicts its input (e.g. an unknown source scene id)."""
+
+
+class ScopeError(TmemError):
+    """A read was attempted without a valid conversation scope, or for an unknown conversation."""

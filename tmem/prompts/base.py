@@ -1,0 +1,67 @@
+"""What every prompt module produces: a :class:`Prompt` bound to its response model.
+
+A prompt module (one per LLM operation) defines a typed input, a pydantic response model
+whose field descriptions carry the instructions, a ``VERSION`` string and a pure
+``build(input) -> Prompt`` function. The input is rendered as a JSON block between
+``<input>`` and ``</input>`` at the end of the last user message, so that the model (and
+the scripted development server) reads structured data rather than prose.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel
+
+from tmem.ids import content_hash
+
+R = TypeVar("R", bound=BaseModel)
+
+INPUT_OPEN = "<input>"
+INPUT_CLOSE = "</input>"
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True)
+class Prompt(Generic[R]):
+    """One LLM request, ready to send: operation name, version, messages and the response model."""
+
+    operation: str
+    version: str
+    messages: tuple[Message, ...]
+    response_model: type[R]
+    input_ref: str  # short human-readable description of the input, for errors and logs
+
+    def json_schema(self) -> dict[str, Any]:
+        return self.response_model.model_json_schema()
+
+    def cache_key(self, model: str) -> str:
+        """Content key: model, operation, prompt version, messages and response schema."""
+        return content_hash(
+            model,
+            self.operation,
+            self.version,
+            [(m.role, m.content) for m in self.messages],
+            self.json_schema(),
+        )
+
+
+def render_input(payload: BaseModel | dict[str, Any]) -> str:
+    """The input block appended to a user message."""
+    data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+    body = json.dumps(data, ensure_ascii=False, indent=1, sort_keys=False)
+    return f"{INPUT_OPEN}\n{body}\n{INPUT_CLOSE}"
+
+
+def parse_input(content: str) -> Any:
+    """Inverse of :func:`render_input` on a message content (used by the scripted server)."""
+    start = content.rindex(INPUT_OPEN) + len(INPUT_OPEN)
+    end = content.rindex(INPUT_CLOSE)
+    return json.loads(content[start:end])

