@@ -7,6 +7,7 @@ immutable snapshots (see :mod:`tmem.store.snapshot`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,26 +31,29 @@ def connect(store: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnectio
         if not path.exists():
             raise StoreError(f"{store}: no tmem store here (missing {WORK_DB}); run `tmem ingest` first")
         try:
-            return duckdb.connect(str(path), read_only=True)
+            con = duckdb.connect(str(path), read_only=True)
         except duckdb.IOException as exc:
             raise StoreError(f"{path}: cannot open read-only ({exc})") from exc
+        con.execute("SET TimeZone = 'UTC'")
+        return con
     store.mkdir(parents=True, exist_ok=True)
     try:
         con = duckdb.connect(str(path))
     except duckdb.IOException as exc:
         raise StoreError(f"{path}: cannot open for writing; is another tmem process building? ({exc})") from exc
+    con.execute("SET TimeZone = 'UTC'")
     apply_migrations(con, MIGRATIONS)
     return con
 
 
-def apply_migrations(con: duckdb.DuckDBPyConnection, migrations: tuple[Migration, ...] | list[Migration] | object) -> list[str]:
+def apply_migrations(con: duckdb.DuckDBPyConnection, migrations: Sequence[Migration]) -> list[str]:
     """Apply the migrations not yet recorded; return the names applied now."""
     con.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL)"
     )
     done = {row[0] for row in con.execute("SELECT name FROM schema_migrations").fetchall()}
     applied: list[str] = []
-    for migration in migrations:  # type: ignore[attr-defined]
+    for migration in migrations:
         if migration.name in done:
             continue
         con.execute("BEGIN TRANSACTION")
@@ -76,6 +80,6 @@ def table_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     ]
     counts: dict[str, int] = {}
     for name in names:
-        row = con.execute(f'SELECT count(*) FROM "{name}"').fetchone()
+        row = con.execute(f'SELECT count(*) FROM "{name}"').fetchone()  # noqa: S608 -- names from information_schema
         counts[name] = int(row[0]) if row else 0
     return counts

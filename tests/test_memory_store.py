@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.factories import sample_memory
+from tmem.errors import StoreError
+from tmem.store.duck import connect, table_counts
+from tmem.store.memory_rows import read_memory, record_memory_build, replace_memories
+from tmem.store.snapshot import current_snapshot, list_snapshots, prune_snapshots, publish_snapshot
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def test_memory_round_trips_through_duckdb(tmp_path: Path) -> None:
+    con = connect(tmp_path)
+    memory = sample_memory()
+    replace_memories(con, [memory])
+    assert read_memory(con, "conv-a") == memory
+
+
+def test_replace_is_per_conversation_and_idempotent(tmp_path: Path) -> None:
+    con = connect(tmp_path)
+    replace_memories(con, [sample_memory("conv-a"), sample_memory("conv-b", tag="b")])
+    before = table_counts(con)
+    replace_memories(con, [sample_memory("conv-a")])
+    assert table_counts(con) == before
+    replace_memories(con, [sample_memory("conv-a", tag="new")])
+    assert read_memory(con, "conv-b") == sample_memory("conv-b", tag="b")
+    assert {s.scene_id for s in read_memory(con, "conv-a").scenes} == {"scn_new0", "scn_new1", "scn_new2"}
+
+
+def test_failed_replace_leaves_previous_memory(tmp_path: Path) -> None:
+    con = connect(tmp_path)
+    replace_memories(con, [sample_memory("conv-a")])
+    broken = sample_memory("conv-a", tag="x")
+    # Two items with the same id violate the primary key half-way through the write.
+    broken = broken.model_copy(update={"items": broken.items + broken.items[:1]})
+    with pytest.raises(duckdb.ConstraintException):
+        replace_memories(con, [broken])
+    assert read_memory(con, "conv-a") == sample_memory("conv-a")
+
+
+def test_migrations_are_recorded_once(tmp_path: Path) -> None:
+    connect(tmp_path).close()
+    con = connect(tmp_path)
+    names = [r[0] for r in con.execute("SELECT name FROM schema_migrations ORDER BY name").fetchall()]
+    assert names[:3] == ["m001_ingest", "m002_memory", "m003_llm"]
+    assert len(names) == len(set(names))
+
+
+def test_publish_snapshot_and_pointer(tmp_path: Path) -> None:
+    con = connect(tmp_path)
+    assert current_snapshot(tmp_path) is None
+    replace_memories(con, [sample_memory("conv-a")])
+    record_memory_build(con, "conv-a", "b1", "run1", 5, NOW)
+    first = publish_snapshot(con, tmp_path, lance_uri="lance", lance_versions={"vectors": 3}, now=NOW)
+    assert current_snapshot(tmp_path) == first
+    snap = duckdb.connect(str(first.memory_db), read_only=True)
+    assert snap.execute("SELECT count(*) FROM scenes").fetchone() == (3,)
+    snap.close()
+
+    replace_memories(con, [sample_memory("conv-a", tag="v2")])
+    second = publish_snapshot(con, tmp_path, lance_uri="lance", lance_versions={"vectors": 4},
+                              now=NOW.replace(minute=1))
+    assert current_snapshot(tmp_path) == second
+    assert second.lance_versions == {"vectors": 4}
+    # The first snapshot is immutable: it still holds the old scenes.
+    old = duckdb.connect(str(first.memory_db), read_only=True)
+    assert {r[0] for r in old.execute("SELECT scene_id FROM scenes").fetchall()} == {"scn_0", "scn_1", "scn_2"}
+    old.close()
+    assert list_snapshots(tmp_path) == [first.snapshot_id, second.snapshot_id]
+    assert prune_snapshots(tmp_path, keep=1) == [first.snapshot_id]
+    assert list_snapshots(tmp_path) == [second.snapshot_id]
+
+
+def test_snapshot_readable_by_many_readers_while_builder_writes(tmp_path: Path) -> None:
+    con = connect(tmp_path)
+    replace_memories(con, [sample_memory("conv-a")])
+    info = publish_snapshot(con, tmp_path, lance_uri="lance", lance_versions={}, now=NOW)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for _ in range(20):
+                c = duckdb.connect(str(info.memory_db), read_only=True)
+                assert c.execute("SELECT count(*) FROM items").fetchone() == (2,)
+                c.close()
+        except BaseException as exc:  # collected and re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    replace_memories(con, [sample_memory("conv-a", tag="z")])  # builder keeps writing its own file
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_missing_manifest_is_a_store_error(tmp_path: Path) -> None:
+    (tmp_path / "CURRENT").write_text("nope")
+    with pytest.raises(StoreError, match="nope"):
+        current_snapshot(tmp_path)

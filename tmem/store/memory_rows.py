@@ -1,0 +1,215 @@
+"""Writing and reading a conversation's built memory in the working database.
+
+A conversation's memory is replaced whole, in one transaction, and only after its build
+succeeded: a failed build never touches the rows of the last good one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from tmem.domain import (
+    SCENE_ATTRIBUTES,
+    BridgeTrigger,
+    Item,
+    ItemTriggers,
+    Memory,
+    Persona,
+    Scene,
+    SceneTriggers,
+    Topic,
+)
+from tmem.store.migrations import MEMORY_TABLES
+
+_TS = pl.Datetime("us", "UTC")
+
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    "scenes": {
+        "conversation_id": pl.String, "scene_id": pl.String, "seq": pl.Int32, "title": pl.String,
+        "summary": pl.String, "narrative": pl.String, "turn_ids": pl.List(pl.String),
+        "start_time": _TS, "end_time": _TS,
+    },
+    "topics": {
+        "conversation_id": pl.String, "topic_id": pl.String, "seq": pl.Int32, "title": pl.String,
+        "keywords": pl.List(pl.String),
+    },
+    "topic_scene": {"conversation_id": pl.String, "topic_id": pl.String, "scene_id": pl.String},
+    "items": {
+        "conversation_id": pl.String, "item_id": pl.String, "topic_id": pl.String, "kind": pl.String,
+        "content": pl.String, "event_time": _TS, "keywords": pl.List(pl.String),
+    },
+    "item_scene": {"conversation_id": pl.String, "item_id": pl.String, "scene_id": pl.String},
+    "item_triggers": {
+        "conversation_id": pl.String, "item_id": pl.String, "family": pl.String, "ordinal": pl.Int32,
+        "text": pl.String, "rationale": pl.String,
+    },
+    "scene_triggers": {
+        "conversation_id": pl.String, "scene_id": pl.String, "family": pl.String, "channel": pl.String,
+        "text": pl.String,
+    },
+    "personas": {"conversation_id": pl.String, "speaker": pl.String, "persona": pl.String},
+}
+
+
+def memory_frames(memory: Memory) -> dict[str, pl.DataFrame]:
+    """The memory as one polars frame per table (columns in table order)."""
+    cid = memory.conversation_id
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in MEMORY_TABLES}
+    for s in memory.scenes:
+        rows["scenes"].append({
+            "conversation_id": cid, "scene_id": s.scene_id, "seq": s.seq, "title": s.title,
+            "summary": s.summary, "narrative": s.narrative, "turn_ids": list(s.turn_ids),
+            "start_time": s.start_time, "end_time": s.end_time,
+        })
+    for t in memory.topics:
+        rows["topics"].append({
+            "conversation_id": cid, "topic_id": t.topic_id, "seq": t.seq, "title": t.title,
+            "keywords": list(t.keywords),
+        })
+        rows["topic_scene"].extend(
+            {"conversation_id": cid, "topic_id": t.topic_id, "scene_id": sid} for sid in t.scene_ids
+        )
+    for i in memory.items:
+        rows["items"].append({
+            "conversation_id": cid, "item_id": i.item_id, "topic_id": i.topic_id, "kind": i.kind,
+            "content": i.content, "event_time": i.event_time, "keywords": list(i.keywords),
+        })
+        rows["item_scene"].extend(
+            {"conversation_id": cid, "item_id": i.item_id, "scene_id": sid} for sid in i.source_scene_ids
+        )
+    for it in memory.item_triggers:
+        for n, ent in enumerate(it.entities):
+            rows["item_triggers"].append({
+                "conversation_id": cid, "item_id": it.item_id, "family": "entity", "ordinal": n,
+                "text": ent, "rationale": None,
+            })
+        for n, br in enumerate(it.bridges):
+            rows["item_triggers"].append({
+                "conversation_id": cid, "item_id": it.item_id, "family": "bridge", "ordinal": n,
+                "text": br.situation, "rationale": br.rationale,
+            })
+    for st in memory.scene_triggers:
+        for attr in SCENE_ATTRIBUTES:
+            rows["scene_triggers"].append({
+                "conversation_id": cid, "scene_id": st.scene_id, "family": "scene", "channel": attr,
+                "text": getattr(st, attr),
+            })
+        for channel, text in st.horizons.items():
+            rows["scene_triggers"].append({
+                "conversation_id": cid, "scene_id": st.scene_id, "family": "horizon", "channel": channel,
+                "text": text,
+            })
+    for p in memory.personas:
+        rows["personas"].append({
+            "conversation_id": cid, "speaker": p.speaker,
+            "persona": json.dumps(p.model_dump(mode="json", exclude={"conversation_id", "speaker"}), sort_keys=True),
+        })
+    return {name: pl.DataFrame(rows[name], schema=_SCHEMAS[name]) for name in MEMORY_TABLES}
+
+
+def replace_memories(con: duckdb.DuckDBPyConnection, memories: Iterable[Memory]) -> None:
+    """Replace the stored memory of each given conversation, all in one transaction."""
+    memories = list(memories)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for memory in memories:
+            frames = memory_frames(memory)
+            for name in MEMORY_TABLES:
+                con.execute(f"DELETE FROM {name} WHERE conversation_id = ?", [memory.conversation_id])  # noqa: S608
+                frame = frames[name]
+                if frame.height:
+                    con.register("_frame", frame)
+                    con.execute(f"INSERT INTO {name} SELECT * FROM _frame")  # noqa: S608
+                    con.unregister("_frame")
+    except duckdb.Error:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def record_memory_build(
+    con: duckdb.DuckDBPyConnection, conversation_id: str, build_id: str, run_id: str, watermark_turn_seq: int, at: datetime
+) -> None:
+    con.execute(
+        "INSERT OR REPLACE INTO memory_builds VALUES (?, ?, ?, ?, ?)",
+        [conversation_id, build_id, run_id, watermark_turn_seq, at],
+    )
+
+
+def _list(value: Any) -> tuple[str, ...]:
+    return tuple(value or ())
+
+
+def read_memory(con: duckdb.DuckDBPyConnection, conversation_id: str) -> Memory:
+    """The stored memory of one conversation (empty tuples if never built)."""
+    cid = [conversation_id]
+    scenes = tuple(
+        Scene(conversation_id=r[0], scene_id=r[1], seq=r[2], title=r[3], summary=r[4], narrative=r[5],
+              turn_ids=_list(r[6]), start_time=r[7], end_time=r[8])
+        for r in con.execute("SELECT * FROM scenes WHERE conversation_id = ? ORDER BY seq", cid).fetchall()
+    )
+    members: dict[str, list[str]] = {}
+    for topic_id, scene_id in con.execute(
+        "SELECT ts.topic_id, ts.scene_id FROM topic_scene ts JOIN scenes s USING (conversation_id, scene_id) "
+        "WHERE ts.conversation_id = ? ORDER BY s.seq", cid
+    ).fetchall():
+        members.setdefault(topic_id, []).append(scene_id)
+    topics = tuple(
+        Topic(conversation_id=r[0], topic_id=r[1], seq=r[2], title=r[3], keywords=_list(r[4]),
+              scene_ids=tuple(members.get(r[1], ())))
+        for r in con.execute("SELECT * FROM topics WHERE conversation_id = ? ORDER BY seq", cid).fetchall()
+    )
+    sources: dict[str, list[str]] = {}
+    for item_id, scene_id in con.execute(
+        "SELECT i.item_id, i.scene_id FROM item_scene i JOIN scenes s USING (conversation_id, scene_id) "
+        "WHERE i.conversation_id = ? ORDER BY s.seq", cid
+    ).fetchall():
+        sources.setdefault(item_id, []).append(scene_id)
+    items = tuple(
+        Item(conversation_id=r[0], item_id=r[1], topic_id=r[2], kind=r[3], content=r[4], event_time=r[5],
+             keywords=_list(r[6]), source_scene_ids=tuple(sources.get(r[1], ())))
+        for r in con.execute("SELECT * FROM items WHERE conversation_id = ? ORDER BY item_id", cid).fetchall()
+    )
+    ents: dict[str, list[str]] = {}
+    brgs: dict[str, list[BridgeTrigger]] = {}
+    for item_id, family, text, rationale in con.execute(
+        "SELECT item_id, family, text, rationale FROM item_triggers WHERE conversation_id = ? ORDER BY item_id, family, ordinal",
+        cid,
+    ).fetchall():
+        if family == "entity":
+            ents.setdefault(item_id, []).append(text)
+        else:
+            brgs.setdefault(item_id, []).append(BridgeTrigger(situation=text, rationale=rationale or ""))
+    item_triggers = tuple(
+        ItemTriggers(conversation_id=conversation_id, item_id=iid, entities=tuple(ents.get(iid, ())),
+                     bridges=tuple(brgs.get(iid, ())))
+        for iid in sorted(set(ents) | set(brgs))
+    )
+    attrs: dict[str, dict[str, str]] = {}
+    hors: dict[str, dict[str, str]] = {}
+    for scene_id, family, channel, text in con.execute(
+        "SELECT scene_id, family, channel, text FROM scene_triggers WHERE conversation_id = ? ORDER BY scene_id, family, channel",
+        cid,
+    ).fetchall():
+        (attrs if family == "scene" else hors).setdefault(scene_id, {})[channel] = text
+    scene_triggers = tuple(
+        SceneTriggers(conversation_id=conversation_id, scene_id=sid,
+                      situation=attrs.get(sid, {}).get("situation", ""), object=attrs.get(sid, {}).get("object", ""),
+                      event=attrs.get(sid, {}).get("event", ""), emotion=attrs.get(sid, {}).get("emotion", ""),
+                      horizons=hors.get(sid, {}))
+        for sid in sorted(set(attrs) | set(hors))
+    )
+    personas = tuple(
+        Persona(conversation_id=conversation_id, speaker=speaker, **json.loads(body))
+        for speaker, body in con.execute(
+            "SELECT speaker, persona FROM personas WHERE conversation_id = ? ORDER BY speaker", cid
+        ).fetchall()
+    )
+    return Memory(conversation_id=conversation_id, scenes=scenes, topics=topics, items=items,
+                  item_triggers=item_triggers, scene_triggers=scene_triggers, personas=personas)

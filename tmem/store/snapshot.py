@@ -1,0 +1,156 @@
+"""Immutable published snapshots and the pointer readers follow.
+
+Layout under the store directory::
+
+    work.duckdb                 builder's working database (single writer)
+    lance/                      LanceDB tables (every write is a new table version)
+    snapshots/<id>/memory.duckdb  memory tables + turns of every published conversation
+    snapshots/<id>/manifest.json  id, time, pinned Lance table versions, conversations
+    CURRENT                     the id of the snapshot readers use (replaced atomically)
+
+A snapshot directory is written under a temporary name, fsynced and renamed; only then
+is ``CURRENT`` replaced (write-temp + ``os.replace``). A reader therefore sees either the
+previous whole snapshot or the new whole one, never a half-written version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from tmem.errors import StoreError
+from tmem.ids import content_hash
+from tmem.store.migrations import MEMORY_TABLES
+
+SNAPSHOTS = "snapshots"
+CURRENT = "CURRENT"
+MEMORY_DB = "memory.duckdb"
+MANIFEST = "manifest.json"
+# Tables copied into a snapshot besides the memory tables (the query side renders turns).
+SNAPSHOT_EXTRA_TABLES: tuple[str, ...] = ("conversations", "turns", "memory_builds")
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    snapshot_id: str
+    path: Path
+    created_at: str
+    lance_uri: str
+    lance_versions: dict[str, int]
+    conversations: dict[str, str] = field(default_factory=dict)  # conversation id -> build id
+
+    @property
+    def memory_db(self) -> Path:
+        return self.path / MEMORY_DB
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_snapshot(
+    con: duckdb.DuckDBPyConnection,
+    store: Path,
+    *,
+    lance_uri: str,
+    lance_versions: dict[str, int],
+    now: datetime,
+) -> SnapshotInfo:
+    """Copy the working database's memory into a new immutable snapshot and point readers at it."""
+    store = Path(store)
+    root = store / SNAPSHOTS
+    root.mkdir(parents=True, exist_ok=True)
+    builds = {r[0]: r[1] for r in con.execute("SELECT conversation_id, build_id FROM memory_builds").fetchall()}
+    snapshot_id = f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{content_hash(builds, lance_versions)[:8]}"
+    final = root / snapshot_id
+    if final.exists():
+        raise StoreError(f"{final}: snapshot already exists")
+    tmp = root / f".{snapshot_id}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    db_path = tmp / MEMORY_DB
+    con.execute("ATTACH ? AS snap", [str(db_path)])
+    try:
+        for name in (*MEMORY_TABLES, *SNAPSHOT_EXTRA_TABLES):
+            con.execute(f"CREATE TABLE snap.{name} AS SELECT * FROM main.{name}")  # noqa: S608 -- fixed names
+    finally:
+        con.execute("DETACH snap")
+    manifest: dict[str, Any] = {
+        "snapshot_id": snapshot_id,
+        "created_at": now.isoformat(),
+        "lance_uri": lance_uri,
+        "lance_versions": lance_versions,
+        "conversations": builds,
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    _fsync_dir(tmp)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    pointer_tmp = store / f".{CURRENT}.tmp"
+    pointer_tmp.write_text(snapshot_id)
+    with open(pointer_tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(pointer_tmp, store / CURRENT)
+    _fsync_dir(store)
+    return _info(final, manifest)
+
+
+def _info(path: Path, manifest: dict[str, Any]) -> SnapshotInfo:
+    return SnapshotInfo(
+        snapshot_id=manifest["snapshot_id"],
+        path=path,
+        created_at=manifest["created_at"],
+        lance_uri=manifest["lance_uri"],
+        lance_versions={k: int(v) for k, v in manifest["lance_versions"].items()},
+        conversations=dict(manifest.get("conversations", {})),
+    )
+
+
+def current_snapshot(store: Path) -> SnapshotInfo | None:
+    """The snapshot ``CURRENT`` points to, or None when nothing was published yet."""
+    store = Path(store)
+    pointer = store / CURRENT
+    if not pointer.exists():
+        return None
+    snapshot_id = pointer.read_text().strip()
+    path = store / SNAPSHOTS / snapshot_id
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError as exc:
+        raise StoreError(f"{store}: CURRENT names snapshot {snapshot_id!r} but its manifest is missing") from exc
+    return _info(path, manifest)
+
+
+def list_snapshots(store: Path) -> list[str]:
+    root = Path(store) / SNAPSHOTS
+    if not root.exists():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def prune_snapshots(store: Path, keep: int = 3) -> list[str]:
+    """Delete all but the newest ``keep`` snapshots (never the current one); return deleted ids.
+
+    Readers that still hold an older snapshot open keep working on POSIX (open files survive
+    unlinking); a reader opening a pruned snapshot by id gets a StoreError.
+    """
+    current = current_snapshot(store)
+    names = list_snapshots(store)
+    doomed = [n for n in names[:-keep] if keep > 0 and (current is None or n != current.snapshot_id)]
+    for name in doomed:
+        shutil.rmtree(Path(store) / SNAPSHOTS / name)
+    for leftover in (Path(store) / SNAPSHOTS).glob(".*.tmp"):
+        shutil.rmtree(leftover)
+    return doomed
