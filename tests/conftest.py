@@ -1,0 +1,75 @@
+"""Shared fixtures: environment isolation, the scripted LLM server, and a fast chat config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from pydantic import SecretStr
+
+from tmem.devtools.scripted_llm import ScriptedLLM
+
+if TYPE_CHECKING:
+    from tmem.providers.chat import ChatConfig
+
+# Process-wide defaults for anything a test may start (HF models, Prefect).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+TEST_API_KEY = "sk-test-0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never see the developer's TMEM_* or OPENAI_* variables."""
+    for name in list(os.environ):
+        if name.startswith(("TMEM_", "OPENAI_")):
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def scripted_llm_factory() -> Iterator[Callable[..., ScriptedLLM]]:
+    """``make(**kwargs) -> ScriptedLLM``: a started server (kwargs as :class:`ScriptedLLM`), stopped after the test."""
+    servers: list[ScriptedLLM] = []
+
+    def make(**kwargs: Any) -> ScriptedLLM:
+        server = ScriptedLLM(**kwargs).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def scripted_llm(scripted_llm_factory: Callable[..., ScriptedLLM]) -> ScriptedLLM:
+    """A started server with the registered responders; add more with ``set_responder``."""
+    return scripted_llm_factory()
+
+
+@pytest.fixture
+def chat_config() -> Callable[..., ChatConfig]:
+    """``make(server, **overrides) -> ChatConfig`` pointing at a scripted server, with tiny delays."""
+
+    from tmem.providers.chat import ChatConfig  # imported here: `import openai` costs ~0.4 s
+
+    def make(server: ScriptedLLM, **overrides: Any) -> ChatConfig:
+        knobs: dict[str, Any] = {
+            "base_url": server.url,
+            "api_key": SecretStr(TEST_API_KEY),
+            "model": "scripted-model",
+            "timeout_s": 5.0,
+            "max_retries": 3,
+            "backoff_s": 0.001,
+            "backoff_max_s": 0.01,
+            "retry_after_cap_s": 1.0,
+        }
+        knobs.update(overrides)
+        return ChatConfig(**knobs)
+
+    return make

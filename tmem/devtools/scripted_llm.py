@@ -1,0 +1,413 @@
+"""A scripted OpenAI-compatible chat server for tests and benchmarks (never a product fallback).
+
+It serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1. The answer's
+content comes from a *responder*, ``(operation, request_json) -> content``, chosen by the
+request's ``X-Tmem-Operation`` header: first the responders given to :class:`ScriptedLLM`,
+then the module registry (:func:`register_responder`; ``tmem.devtools.synth`` registers its
+deterministic responders there on import), then ``default``. The request's input data is
+``request_input(request_json)`` (``parse_input`` of the last user message with an input block).
+
+Faults are injected per request: scripted (``fail_next(kind, n, operation)``) or at random
+(``fault_rate`` with ``seed``; one RNG per operation, so a run is reproducible given the order
+of requests of each operation). Kinds: ``rate_limit`` (429 + Retry-After), ``server_error``
+(500), ``slow``, ``timeout`` (sleep past the client's timeout), ``truncated`` (cut JSON,
+finish_reason ``length``), ``invalid`` (JSON that breaks the requested schema), ``unauthorized``
+(401 quoting the bearer token back, as some real servers do: tests that keys stay out of errors).
+
+Run standalone: ``python -m tmem.devtools.scripted_llm --port 8080 [--latency-ms 50]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import random
+import threading
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal, get_args
+
+from tmem.prompts.base import INPUT_OPEN, parse_input
+
+Responder = Callable[[str, dict[str, Any]], str]
+FaultKind = Literal["rate_limit", "server_error", "slow", "timeout", "truncated", "invalid", "unauthorized"]
+FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
+OPERATION_HEADER = "X-Tmem-Operation"
+
+_REGISTRY: dict[str, Responder] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register_responder(operation: str, responder: Responder) -> Responder:
+    """Register the default responder of ``operation`` (replacing any earlier one)."""
+    with _REGISTRY_LOCK:
+        _REGISTRY[operation] = responder
+    return responder
+
+
+def responder_for(operation: str) -> Callable[[Responder], Responder]:
+    """Decorator form of :func:`register_responder`."""
+    return lambda fn: register_responder(operation, fn)
+
+
+def unregister_responder(operation: str) -> None:
+    with _REGISTRY_LOCK:
+        _REGISTRY.pop(operation, None)
+
+
+def registered_responders() -> dict[str, Responder]:
+    with _REGISTRY_LOCK:
+        return dict(_REGISTRY)
+
+
+def input_message(request_json: dict[str, Any]) -> str:
+    """The last user message that carries an ``<input>`` block (repair re-asks come after it)."""
+    for message in reversed(request_json.get("messages", [])):
+        content = str(message.get("content") or "")
+        if message.get("role") == "user" and INPUT_OPEN in content:
+            return content
+    raise LookupError("no user message with an <input> block in the request")
+
+
+def request_input(request_json: dict[str, Any]) -> Any:
+    """The prompt's input data, as rendered by :func:`tmem.prompts.base.render_input`."""
+    return parse_input(input_message(request_json))
+
+
+def sequence_responder(*contents: str) -> Responder:
+    """Answers ``contents`` in order, then repeats the last one (thread-safe)."""
+    if not contents:
+        raise ValueError("sequence_responder needs at least one content")
+    lock = threading.Lock()
+    calls = [0]
+
+    def respond(operation: str, request_json: dict[str, Any]) -> str:
+        with lock:
+            index = min(calls[0], len(contents) - 1)
+            calls[0] += 1
+        return contents[index]
+
+    return respond
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    operation: str
+    body: dict[str, Any]
+    status: int
+    fault: FaultKind | None
+    content: str | None  # the content sent (None for error responses)
+    usage: dict[str, int] | None  # the usage sent (None for errors or when omitted)
+    error: str | None = None  # the error message sent, for error responses
+
+
+class _NoResponder(LookupError):
+    pass
+
+
+class ScriptedLLM:
+    """The server. Use as a context manager, or ``start()`` / ``stop()``."""
+
+    def __init__(
+        self,
+        responders: Mapping[str, Responder] | None = None,
+        *,
+        default: Responder | None = None,
+        use_registry: bool = True,
+        model: str = "scripted-model",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        latency_ms: float = 0.0,
+        fault_rate: float = 0.0,
+        fault_kinds: tuple[FaultKind, ...] = ("rate_limit", "server_error", "truncated", "invalid"),
+        seed: int = 0,
+        retry_after_s: float = 0.01,
+        slow_s: float = 0.2,
+        timeout_sleep_s: float = 2.0,
+        reject_json_schema: bool = False,
+        omit_usage: bool = False,
+    ) -> None:
+        unknown = set(fault_kinds) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
+        self.responders = dict(responders or {})
+        self.host = host
+        self.default = default
+        self.use_registry = use_registry
+        self.model = model
+        self.latency_ms = latency_ms
+        self.fault_rate = fault_rate
+        self.fault_kinds = fault_kinds
+        self.seed = seed
+        self.retry_after_s = retry_after_s
+        self.slow_s = slow_s
+        self.timeout_sleep_s = timeout_sleep_s
+        self.reject_json_schema = reject_json_schema
+        self.omit_usage = omit_usage
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._scripted: dict[str | None, deque[FaultKind]] = defaultdict(deque)
+        self._rngs: dict[str, random.Random] = {}
+        self._requests: list[RecordedRequest] = []
+        self._server = ThreadingHTTPServer((host, port), _make_handler(self))
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL, e.g. ``http://127.0.0.1:54321/v1``."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self) -> ScriptedLLM:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="scripted-llm", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes handlers sleeping in slow/timeout faults
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> ScriptedLLM:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- scripting -----------------------------------------------------------------------------
+    def fail_next(self, kind: FaultKind, n: int = 1, operation: str | None = None) -> None:
+        """Fail the next ``n`` requests of ``operation`` (any operation if None) with ``kind``."""
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; known: {FAULT_KINDS}")
+        with self._lock:
+            self._scripted[operation].extend([kind] * n)
+
+    def set_responder(self, operation: str, responder: Responder) -> None:
+        with self._lock:
+            self.responders[operation] = responder
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    def requests_for(self, operation: str) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.operation == operation]
+
+    def reset(self) -> None:
+        """Forget recorded requests and pending scripted faults (random state is kept)."""
+        with self._lock:
+            self._requests.clear()
+            self._scripted.clear()
+
+    # -- request handling (called from handler threads) ----------------------------------------
+    def _next_fault(self, operation: str) -> FaultKind | None:
+        with self._lock:
+            for key in (operation, None):
+                queue = self._scripted.get(key)
+                if queue:
+                    return queue.popleft()
+            if self.fault_rate <= 0:
+                return None
+            rng = self._rngs.setdefault(operation, random.Random(f"{self.seed}:{operation}"))
+            if rng.random() < self.fault_rate:
+                return rng.choice(self.fault_kinds)
+            return None
+
+    def _responder(self, operation: str) -> Responder:
+        with self._lock:
+            found = self.responders.get(operation)
+        if found is None and self.use_registry:
+            found = registered_responders().get(operation)
+        found = found or self.default
+        if found is None:
+            raise _NoResponder(operation)
+        return found
+
+    def _record(self, entry: RecordedRequest) -> None:
+        with self._lock:
+            self._requests.append(entry)
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._stopping.wait(seconds)
+
+    def handle_chat(
+        self, operation: str, body: dict[str, Any], authorization: str = ""
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """The (status, JSON body, extra headers) answering one chat request."""
+
+        def fail(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+            self._record(RecordedRequest(operation, body, status, fault, None, None, message))
+            return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+
+        fault: FaultKind | None = None
+        fmt = body.get("response_format") or {}
+        if self.reject_json_schema and fmt.get("type") == "json_schema":
+            return 400, fail(400, "response_format type 'json_schema' is not supported here", "response_format"), {}
+        fault = self._next_fault(operation)
+        if fault == "rate_limit":
+            ms = int(self.retry_after_s * 1000)
+            headers = {"Retry-After": str(math.ceil(self.retry_after_s)), "retry-after-ms": str(ms)}
+            return 429, fail(429, "rate limit reached (scripted)", None, "rate_limit_exceeded"), headers
+        if fault == "server_error":
+            return 500, fail(500, "internal error (scripted)", None, "server_error"), {}
+        if fault == "unauthorized":
+            token = authorization.removeprefix("Bearer ")
+            return 401, fail(401, f"Incorrect API key provided: {token}", None, "invalid_api_key"), {}
+        try:
+            content = self._responder(operation)(operation, body)
+        except _NoResponder:
+            return 400, fail(400, f"no scripted responder for operation {operation!r}"), {}
+        except (LookupError, ValueError, TypeError, AttributeError) as exc:
+            # A responder bug is not transient: a 400 stops the client at once, with the reason.
+            return 400, fail(400, f"responder for {operation!r} failed: {type(exc).__name__}: {exc}"), {}
+        finish = "stop"
+        if fault == "truncated":
+            content, finish = content[: max(1, len(content) // 2)], "length"
+        elif fault == "invalid":
+            content = _break_schema(content, fmt)
+        usage = None if self.omit_usage else _usage(body, content)
+        self._record(RecordedRequest(operation, body, 200, fault, content, usage))  # before any sleep
+        delay = {"slow": self.slow_s, "timeout": self.timeout_sleep_s}.get(fault or "", 0.0)
+        self._sleep(delay + self.latency_ms / 1000.0)
+        reply: dict[str, Any] = {
+            "id": f"chatcmpl-scripted-{len(self._requests)}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model", self.model),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+        }
+        if usage is not None:
+            reply["usage"] = usage
+        return 200, reply, {}
+
+
+def _usage(body: dict[str, Any], content: str) -> dict[str, int]:
+    """Deterministic token counts: ~4 characters per token."""
+    prompt_chars = sum(len(str(m.get("content") or "")) for m in body.get("messages", []))
+    prompt, completion = max(1, prompt_chars // 4), max(1, len(content) // 4)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _break_schema(content: str, fmt: dict[str, Any]) -> str:
+    """Valid JSON that violates the schema: drop the required fields (or answer a bare list)."""
+    try:
+        data = json.loads(content)
+    except json.JSONDecodeError:
+        return "[]"
+    schema = (fmt.get("json_schema") or {}).get("schema") or {}
+    required = schema.get("required") or (list(data)[:1] if isinstance(data, dict) else [])
+    if not isinstance(data, dict) or not required:
+        return "[]"
+    return json.dumps({k: v for k, v in data.items() if k not in required})
+
+
+def _make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the openai client pools connections
+        disable_nagle_algorithm = True  # else headers and body wait on delayed ACKs (~40 ms a call)
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: requests are recorded
+            return
+
+        def _send(self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
+            data = json.dumps(payload).encode("utf-8")
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client gave up (e.g. a timeout fault)
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") == "/v1/models":
+                model = {"id": server.model, "object": "model", "created": 0, "owned_by": "tmem-scripted"}
+                self._send(200, {"object": "list", "data": [model]})
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                return
+            try:
+                body = json.loads(raw or b"{}")
+            except json.JSONDecodeError as exc:
+                self._send(400, {"error": {"message": f"request body is not JSON: {exc}", "type": "invalid_request_error"}})
+                return
+            fmt_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
+            operation = self.headers.get(OPERATION_HEADER) or fmt_name or "unknown"
+            status, payload, headers = server.handle_chat(operation, body, self.headers.get("Authorization") or "")
+            self._send(status, payload, headers)
+
+    return Handler
+
+
+def _load_synth_responders() -> bool:
+    """Import ``tmem.devtools.synth`` (which registers its responders) if it exists."""
+    try:
+        importlib.import_module("tmem.devtools.synth")
+    except ModuleNotFoundError as exc:
+        if exc.name != "tmem.devtools.synth":
+            raise  # synth exists but one of its own imports is missing: a real error
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tmem.devtools.scripted_llm", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--model", default="scripted-model")
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--fault-rate", type=float, default=0.0)
+    parser.add_argument("--fault-kinds", default="rate_limit,server_error,truncated,invalid")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reject-json-schema", action="store_true")
+    parser.add_argument("--omit-usage", action="store_true")
+    args = parser.parse_args(argv)
+    has_synth = _load_synth_responders()
+    server = ScriptedLLM(
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        latency_ms=args.latency_ms,
+        fault_rate=args.fault_rate,
+        fault_kinds=tuple(k.strip() for k in args.fault_kinds.split(",") if k.strip()),  # type: ignore[arg-type]
+        seed=args.seed,
+        reject_json_schema=args.reject_json_schema,
+        omit_usage=args.omit_usage,
+    )
+    ops = ", ".join(sorted(registered_responders())) or "none"
+    print(f"scripted LLM serving {server.url} (responders: {ops}; synth {'loaded' if has_synth else 'absent'})", flush=True)
+    server.start()
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Response cache, usage ledger and the caching/metering wrapper around a chat adapter.
+
+The adapter (:class:`tmem.providers.chat.OpenAIChatModel`) reports what one call cost as a
+:class:`Completion`; :class:`CachedChatModel` turns that into one ledger row per call and
+stores the validated answer under the prompt's content key, so a rerun makes no requests.
+The storage behind both is a small protocol: in memory here (unit tests), DuckDB in
+:mod:`tmem.store.llm_cache`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Generic, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from tmem.prompts.base import Prompt
+
+R = TypeVar("R", bound=BaseModel)
+
+log = logging.getLogger(__name__)
+
+
+def utc_now() -> datetime:
+    """The default clock of :class:`CachedChatModel` (pass your own for tests and replays)."""
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """Tokens of one logical call, summed over every request it sent (retries and repairs)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    estimated: bool = False  # True when the server sent no `usage` and chars/4 was used
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.estimated or other.estimated,
+        )
+
+
+@dataclass(frozen=True)
+class Completion(Generic[R]):
+    """A validated answer and what it cost."""
+
+    value: R
+    usage: TokenUsage
+    requests: int  # HTTP requests sent, including retries, fallback and repair re-asks
+
+
+class MeteredChatModel(Protocol):
+    """A chat adapter that reports usage: what :class:`CachedChatModel` wraps."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    def complete_metered(self, prompt: Prompt[R]) -> Completion[R]: ...
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    cache_key: str
+    operation: str
+    model: str
+    prompt_version: str
+    response_json: str  # the validated answer, as JSON text
+    prompt_tokens: int
+    completion_tokens: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One ledger row: one ``complete`` call (a cache hit is a call with zero requests)."""
+
+    run_id: str
+    operation: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    cache_hit: bool
+    attempts: int  # HTTP requests sent; 0 on a cache hit
+    recorded_at: datetime
+    usage_estimated: bool = False
+
+
+@dataclass(frozen=True)
+class OperationUsage:
+    """Usage totals of one operation within one run."""
+
+    operation: str
+    calls: int = 0
+    cache_hits: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float = 0.0  # summed over calls
+
+    @property
+    def mean_latency_ms(self) -> float:
+        return self.latency_ms / self.calls if self.calls else 0.0
+
+
+class ResponseCache(Protocol):
+    """Validated answers by content key. ``put`` of an existing key replaces its answer."""
+
+    def get(self, cache_key: str) -> str | None: ...
+
+    def put(self, entry: CacheEntry) -> None: ...
+
+
+class UsageLedger(Protocol):
+    """Append-only usage rows, summarised per operation for a run."""
+
+    def record(self, record: UsageRecord) -> None: ...
+
+    def summary(self, run_id: str) -> dict[str, OperationUsage]: ...
+
+
+def summarize_usage(records: Iterable[UsageRecord], run_id: str) -> dict[str, OperationUsage]:
+    """Totals per operation over the records of ``run_id``, keys sorted by operation."""
+    totals: dict[str, OperationUsage] = {}
+    for rec in records:
+        if rec.run_id != run_id:
+            continue
+        cur = totals.get(rec.operation, OperationUsage(rec.operation))
+        totals[rec.operation] = replace(
+            cur,
+            calls=cur.calls + 1,
+            cache_hits=cur.cache_hits + int(rec.cache_hit),
+            requests=cur.requests + rec.attempts,
+            prompt_tokens=cur.prompt_tokens + rec.prompt_tokens,
+            completion_tokens=cur.completion_tokens + rec.completion_tokens,
+            latency_ms=cur.latency_ms + rec.latency_ms,
+        )
+    return dict(sorted(totals.items()))
+
+
+def total_usage(summary: dict[str, OperationUsage]) -> OperationUsage:
+    """All operations of a summary added up (operation ``"*"``)."""
+    out = OperationUsage("*")
+    for op in summary.values():
+        out = OperationUsage(
+            "*",
+            out.calls + op.calls,
+            out.cache_hits + op.cache_hits,
+            out.requests + op.requests,
+            out.prompt_tokens + op.prompt_tokens,
+            out.completion_tokens + op.completion_tokens,
+            out.latency_ms + op.latency_ms,
+        )
+    return out
+
+
+class InMemoryResponseCache:
+    """A thread-safe dict cache, for unit tests."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.entries: dict[str, CacheEntry] = {}
+
+    def get(self, cache_key: str) -> str | None:
+        with self._lock:
+            entry = self.entries.get(cache_key)
+        return entry.response_json if entry else None
+
+    def put(self, entry: CacheEntry) -> None:
+        with self._lock:
+            self.entries[entry.cache_key] = entry
+
+
+class InMemoryUsageLedger:
+    """A thread-safe list ledger, for unit tests."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: list[UsageRecord] = []
+
+    @property
+    def records(self) -> list[UsageRecord]:
+        with self._lock:
+            return list(self._records)
+
+    def record(self, record: UsageRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+
+    def summary(self, run_id: str) -> dict[str, OperationUsage]:
+        return summarize_usage(self.records, run_id)
+
+
+class _KeyLocks:
+    """One lock per key while in use: concurrent calls with the same cache key run once."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+class CachedChatModel:
+    """A :class:`~tmem.providers.base.ChatModel` that caches answers and records usage.
+
+    Thread-safe: concurrent calls share the inner adapter; concurrent calls with the same
+    cache key wait for each other, so a key costs one LLM call per process. Failed calls
+    raise the adapter's typed error and write no ledger row.
+    """
+
+    def __init__(
+        self,
+        inner: MeteredChatModel,
+        *,
+        cache: ResponseCache | None,
+        ledger: UsageLedger | None,
+        run_id: str,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self._inner = inner
+        self._cache = cache
+        self._ledger = ledger
+        self._clock = clock
+        self._key_locks = _KeyLocks()
+        self.run_id = run_id
+
+    @property
+    def model_name(self) -> str:
+        return self._inner.model_name
+
+    def with_run(self, run_id: str) -> CachedChatModel:
+        """The same adapter, cache and ledger, recording under another run id."""
+        return CachedChatModel(self._inner, cache=self._cache, ledger=self._ledger, run_id=run_id, clock=self._clock)
+
+    def complete(self, prompt: Prompt[R]) -> R:
+        start = time.perf_counter()
+        if self._cache is None:
+            done = self._inner.complete_metered(prompt)
+            self._record(prompt, done.usage, done.requests, start, cache_hit=False)
+            return done.value
+        key = prompt.cache_key(self.model_name)
+        with self._key_locks.hold(key):
+            hit = self._cached(prompt, key)
+            if hit is not None:
+                self._record(prompt, TokenUsage(), 0, start, cache_hit=True)
+                return hit
+            done = self._inner.complete_metered(prompt)
+            self._cache.put(
+                CacheEntry(
+                    cache_key=key,
+                    operation=prompt.operation,
+                    model=self.model_name,
+                    prompt_version=prompt.version,
+                    response_json=done.value.model_dump_json(),
+                    prompt_tokens=done.usage.prompt_tokens,
+                    completion_tokens=done.usage.completion_tokens,
+                    created_at=self._clock(),
+                )
+            )
+        self._record(prompt, done.usage, done.requests, start, cache_hit=False)
+        return done.value
+
+    def _cached(self, prompt: Prompt[R], key: str) -> R | None:
+        assert self._cache is not None
+        raw = self._cache.get(key)
+        if raw is None:
+            return None
+        try:
+            return prompt.response_model.model_validate_json(raw)
+        except ValidationError as exc:
+            # The key covers the schema, so this is a damaged row: ask again and overwrite it.
+            log.warning("cached answer for %s (%s) no longer validates, asking again: %s", prompt.operation, key[:12], exc)
+            return None
+
+    def _record(self, prompt: Prompt[R], usage: TokenUsage, requests: int, start: float, *, cache_hit: bool) -> None:
+        if self._ledger is None:
+            return
+        self._ledger.record(
+            UsageRecord(
+                run_id=self.run_id,
+                operation=prompt.operation,
+                model=self.model_name,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                latency_ms=(time.perf_counter() - start) * 1000.0,
+                cache_hit=cache_hit,
+                attempts=requests,
+                recorded_at=self._clock(),
+                usage_estimated=usage.estimated,
+            )
+        )

@@ -1,0 +1,127 @@
+"""DuckDB implementations of the LLM response cache and usage ledger (tables of ``m003_llm``).
+
+Thread-safety: a ``DuckDBPyConnection`` must not be used from several threads at once, and
+concurrent writers of one key conflict (DuckDB raises a constraint error rather than
+waiting). Each object below therefore serialises its statements with its own lock and runs
+each one on a fresh ``con.cursor()`` (a cheap, separate connection to the same database,
+~4 µs), so it neither races with itself nor with the thread that owns ``con``. Statements
+take milliseconds and LLM calls seconds, so the lock costs nothing measurable.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import duckdb
+
+from tmem.providers.llm_ledger import CacheEntry, OperationUsage, UsageRecord
+
+_INSERT_USAGE = (
+    "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
+    " attempts, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_USAGE_ESTIMATED = (
+    "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
+    " attempts, recorded_at, usage_estimated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+class _Serialised:
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self._con = con
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def _cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self._lock:
+            cur = self._con.cursor()
+            try:
+                yield cur
+            finally:
+                cur.close()
+
+
+class DuckResponseCache(_Serialised):
+    """:class:`~tmem.providers.llm_ledger.ResponseCache` on table ``llm_cache``."""
+
+    def get(self, cache_key: str) -> str | None:
+        with self._cursor() as cur:
+            row = cur.execute("SELECT response FROM llm_cache WHERE cache_key = ?", [cache_key]).fetchone()
+        return str(row[0]) if row else None
+
+    def put(self, entry: CacheEntry) -> None:
+        with self._cursor() as cur:
+            cur.execute(
+                "INSERT OR REPLACE INTO llm_cache "
+                "(cache_key, operation, model, prompt_version, response, prompt_tokens, completion_tokens, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    entry.cache_key,
+                    entry.operation,
+                    entry.model,
+                    entry.prompt_version,
+                    entry.response_json,
+                    entry.prompt_tokens,
+                    entry.completion_tokens,
+                    entry.created_at,
+                ],
+            )
+
+    def count(self) -> int:
+        with self._cursor() as cur:
+            row = cur.execute("SELECT count(*) FROM llm_cache").fetchone()
+        return int(row[0]) if row else 0
+
+
+class DuckUsageLedger(_Serialised):
+    """:class:`~tmem.providers.llm_ledger.UsageLedger` on table ``llm_usage``.
+
+    ``llm_usage`` has no column for "tokens estimated" (a server without ``usage``); when a
+    later migration adds ``usage_estimated BOOLEAN`` it is written, until then it is dropped.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        super().__init__(con)
+        with self._cursor() as cur:
+            columns = {
+                row[0]
+                for row in cur.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = 'llm_usage'"
+                ).fetchall()
+            }
+        self._has_estimated = "usage_estimated" in columns
+
+    def record(self, record: UsageRecord) -> None:
+        values: list[object] = [
+            record.run_id,
+            record.operation,
+            record.model,
+            record.prompt_tokens,
+            record.completion_tokens,
+            record.latency_ms,
+            record.cache_hit,
+            record.attempts,
+            record.recorded_at,
+        ]
+        statement = _INSERT_USAGE
+        if self._has_estimated:
+            statement, values = _INSERT_USAGE_ESTIMATED, [*values, record.usage_estimated]
+        with self._cursor() as cur:
+            cur.execute(statement, values)
+
+    def summary(self, run_id: str) -> dict[str, OperationUsage]:
+        with self._cursor() as cur:
+            rows = cur.execute(
+                """
+                SELECT operation, count(*), count(*) FILTER (WHERE cache_hit), sum(attempts),
+                       sum(prompt_tokens), sum(completion_tokens), sum(latency_ms)
+                FROM llm_usage WHERE run_id = ? GROUP BY operation ORDER BY operation
+                """,
+                [run_id],
+            ).fetchall()
+        return {
+            str(op): OperationUsage(str(op), int(calls), int(hits), int(reqs), int(pt), int(ct), float(lat))
+            for op, calls, hits, reqs, pt, ct, lat in rows
+        }
