@@ -1,0 +1,132 @@
+"""Typed retrieval configuration and its named presets (STYLE §10: strategies are named configs).
+
+Presets:
+
+* ``paper`` — the paper's cascade: summed RRF (Eq. 2) at every stage, every component on.
+* ``default`` — the product's choice; its fusion rule is :data:`DEFAULT_FUSION` (one line to
+  change once LoCoMo + LoCoMo-Plus are measured, DESIGN §4 step 3).
+* ``best-rank`` / ``reserved`` / ``rrf`` — ``default`` with that fusion rule, for comparisons.
+* one preset per ablation of the paper's Table 4, on top of ``default``: ``no-scene-layer``,
+  ``no-item-channel``, ``no-item-triggers`` (w/o ET+BT), ``no-persona``, ``no-topic-filter``,
+  ``no-scene-trigger``, ``no-horizon`` and ``no-scene-horizon`` (w/o ST+HT).
+
+Names compose with ``+``: ``preset("paper+no-horizon")`` is the paper's cascade without horizon
+triggers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tmem.errors import TmemError
+from tmem.retrieval.scoring import RRF_K0, FusionRule
+from tmem.settings import Settings
+
+DEFAULT_FUSION: FusionRule = "best_rank"
+"""Fusion rule of the ``default`` preset for scene and item selection (to be settled by measurement)."""
+
+
+class UnknownPresetError(TmemError, ValueError):
+    """A retrieval preset name that does not exist."""
+
+
+class RetrievalConfig(BaseModel):
+    """Budgets, fusion rules and the ablation switches of the retrieval cascade (DESIGN §4)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(default="custom", description="Preset name this config came from (for reports and traces).")
+    k_topics: int = Field(default=15, ge=1, description="kT: topics kept by the prefilter.")
+    k_scenes: int = Field(default=5, ge=0, description="kS: scenes returned.")
+    k_items: int = Field(default=15, ge=0, description="kI: items returned.")
+    k_cue: int = Field(default=10, ge=0, description="Scenes recalled by SceneCue (A_S), ungated.")
+    trigger_cap: int = Field(default=10, ge=0, description="R: at most this many trigger-recalled items (A_I).")
+    trigger_gate: float = Field(
+        default=0.85, ge=-1.0, le=1.0, description="τ: min NaN-aware max cosine for TrigRecall."
+    )
+    k0: int = Field(default=RRF_K0, ge=1, description="RRF smoothing constant.")
+    scene_fusion: FusionRule = Field(default=DEFAULT_FUSION, description="How scene selection combines its lists.")
+    item_fusion: FusionRule = Field(default=DEFAULT_FUSION, description="How item selection combines its lists.")
+    reserved_scene_slots: int = Field(default=2, ge=0, description="Slots kept for SceneCue hits under 'reserved'.")
+    reserved_item_slots: int = Field(default=5, ge=0, description="Slots kept for TrigRecall hits under 'reserved'.")
+    # The seven switches of the paper's Table 4 (ST+HT is both trigger switches off).
+    scene_layer: bool = Field(default=True, description="SL: return scenes (off: items chosen over all items).")
+    item_channel: bool = Field(default=True, description="IC: return items.")
+    item_triggers: bool = Field(default=True, description="ET+BT: entity and bridge trigger recall (TrigRecall).")
+    persona: bool = Field(default=True, description="PS: append personas.")
+    topic_filter: bool = Field(default=True, description="TF: topic prefilter (off: every scene is a candidate).")
+    scene_trigger: bool = Field(default=True, description="ST: the scn view in SceneCue.")
+    horizon_trigger: bool = Field(default=True, description="HT: the hor views in SceneCue.")
+
+    def with_(self, **changes: Any) -> RetrievalConfig:
+        """A validated copy with some fields changed."""
+        return RetrievalConfig.model_validate({**self.model_dump(), **changes})
+
+
+ABLATIONS: Mapping[str, Mapping[str, bool]] = MappingProxyType(
+    {
+        "no-scene-layer": {"scene_layer": False},
+        "no-item-channel": {"item_channel": False},
+        "no-item-triggers": {"item_triggers": False},
+        "no-persona": {"persona": False},
+        "no-topic-filter": {"topic_filter": False},
+        "no-scene-trigger": {"scene_trigger": False},
+        "no-horizon": {"horizon_trigger": False},
+        "no-scene-horizon": {"scene_trigger": False, "horizon_trigger": False},
+    }
+)
+
+_BASES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "paper": {"scene_fusion": "rrf", "item_fusion": "rrf"},
+        "default": {},
+        "rrf": {"scene_fusion": "rrf", "item_fusion": "rrf"},
+        "best-rank": {"scene_fusion": "best_rank", "item_fusion": "best_rank"},
+        "reserved": {"scene_fusion": "reserved", "item_fusion": "reserved"},
+    }
+)
+
+
+def preset_names() -> tuple[str, ...]:
+    """Every single-word preset name (bases, then ablations on ``default``)."""
+    return (*_BASES, *ABLATIONS)
+
+
+def preset(name: str, base: RetrievalConfig | None = None) -> RetrievalConfig:
+    """The named configuration; ``"a+b+c"`` applies ablations b, c on base a.
+
+    ``base`` supplies budgets (e.g. from :func:`config_from_settings`); fusion rules and switches
+    come from the name. Raises :class:`UnknownPresetError` listing the known names.
+    """
+    parts = [p.strip() for p in name.split("+")]
+    if parts[0] in ABLATIONS:  # a bare ablation name applies to "default"
+        parts.insert(0, "default")
+    head, *ablations = parts
+    if head not in _BASES or any(a not in ABLATIONS for a in ablations):
+        bad = [p for p in parts if p not in _BASES and p not in ABLATIONS] or [head]
+        raise UnknownPresetError(
+            f"unknown retrieval preset {bad[0]!r} in {name!r}; bases: {', '.join(_BASES)}; "
+            f"ablations (add with '+'): {', '.join(ABLATIONS)}"
+        )
+    changes: dict[str, Any] = {"scene_fusion": DEFAULT_FUSION, "item_fusion": DEFAULT_FUSION, **_BASES[head]}
+    for ablation in ablations:
+        changes.update(ABLATIONS[ablation])
+    return (base or RetrievalConfig()).with_(name=name, **changes)
+
+
+def config_from_settings(settings: Settings, name: str = "default") -> RetrievalConfig:
+    """The preset ``name`` with the budgets of ``settings`` (``TMEM_K_TOPICS`` etc.)."""
+    budgets = RetrievalConfig(
+        k_topics=settings.k_topics,
+        k_scenes=settings.k_scenes,
+        k_items=settings.k_items,
+        k_cue=settings.k_cue,
+        trigger_cap=settings.trigger_cap,
+        trigger_gate=settings.trigger_gate,
+        k0=settings.rrf_k0,
+    )
+    return preset(name, budgets)
