@@ -1,0 +1,5 @@
+"""``python -m tmem`` runs the command line."""
+
+from tmem.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""Ingest archives into a store: read and validate every file, plan, then write once.
+
+Nothing is written unless every input parses and validates and the plan finds no conflict with
+what is stored; the whole command is one DuckDB transaction (see
+:mod:`tmem.store.ingest_writer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+from tmem.errors import IngestError
+from tmem.ingest.archive import SOURCE_FORMATS, ParsedArchive, SourceFormat, read_text
+from tmem.ingest.frames import archive_frames, plan_ingest
+from tmem.ingest.jsonl import parse_jsonl_text
+from tmem.ingest.locomo import parse_locomo_text
+from tmem.store.ingest_writer import ingest_transaction
+
+SUFFIX_FORMATS: dict[str, SourceFormat] = {".json": "locomo", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What the archives hold (``conversations`` … ``qa``) and what this ingest added (``new_*``)."""
+
+    files: tuple[str, ...]
+    conversations: int
+    sessions: int
+    turns: int
+    qa: int
+    new_conversations: int
+    updated_conversations: int
+    new_sessions: int
+    new_turns: int
+    new_qa: int
+
+    def as_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        out["files"] = list(self.files)
+        return out
+
+
+def detect_format(path: Path, text: str | None = None) -> SourceFormat:
+    """By extension (``.json`` → LoCoMo, ``.jsonl``/``.ndjson`` → generic), else by the first character."""
+    by_suffix = SUFFIX_FORMATS.get(path.suffix.lower())
+    if by_suffix is not None:
+        return by_suffix
+    head = (text if text is not None else read_text(path)).lstrip()[:1]
+    if head == "[":
+        return "locomo"
+    if head == "{":
+        return "jsonl"
+    raise IngestError(
+        str(path),
+        "file",
+        "cannot tell the archive format: expected a JSON array (LoCoMo) or JSON Lines objects; "
+        "name the file .json or .jsonl, or pass the format explicitly",
+    )
+
+
+def read_archive(path: Path, source_format: SourceFormat | None = None) -> ParsedArchive:
+    """Read and validate one archive file; the format is detected unless given."""
+    path = Path(path)
+    text = read_text(path)
+    fmt = source_format or detect_format(path, text)
+    if fmt not in SOURCE_FORMATS:
+        raise ValueError(f"unknown archive format {fmt!r}; expected one of {SOURCE_FORMATS}")
+    if fmt == "locomo":
+        return parse_locomo_text(text, str(path))
+    return parse_jsonl_text(text, str(path))
+
+
+def read_archives(paths: Sequence[Path], source_format: SourceFormat | None = None) -> list[ParsedArchive]:
+    """Read and validate every file; a conversation may appear in only one of them."""
+    archives: list[ParsedArchive] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        archive = read_archive(path, source_format)
+        for conv in archive.conversations:
+            cid = conv.conversation_id
+            if cid in seen:
+                raise IngestError(
+                    archive.path,
+                    archive.records.conversations[cid],
+                    f"conversation {cid!r} also appears in {seen[cid]}; ingest these files in separate commands",
+                )
+            seen[cid] = archive.path
+        archives.append(archive)
+    return archives
+
+
+def ingest_archives(
+    paths: Sequence[Path], store: Path, *, now: datetime, source_format: SourceFormat | None = None
+) -> IngestReport:
+    """Validate every archive, then add what is new to ``store`` in one transaction.
+
+    ``now`` is the record time written as ``ingested_at``/``updated_at`` (timezone-aware).
+    Raises IngestError (and writes nothing) on any malformed input or conflicting change.
+    """
+    if not paths:
+        raise ValueError("no archive paths given")
+    return ingest_parsed(read_archives(paths, source_format), store, now=now)
+
+
+def ingest_parsed(archives: Sequence[ParsedArchive], store: Path, *, now: datetime) -> IngestReport:
+    """Write already validated archives into ``store`` (see :func:`ingest_archives`)."""
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    frames = archive_frames(archives)
+    with ingest_transaction(store) as tx:
+        plan, counts = plan_ingest(frames, tx.stored_state(frames.conversation_ids), now)
+        tx.write(plan)
+    return IngestReport(
+        files=tuple(a.path for a in archives),
+        conversations=frames.conversations.height,
+        sessions=frames.sessions.height,
+        turns=frames.turns.height,
+        qa=frames.qa.height,
+        new_conversations=counts.new_conversations,
+        updated_conversations=counts.updated_conversations,
+        new_sessions=counts.new_sessions,
+        new_turns=counts.new_turns,
+        new_qa=counts.new_qa,
+    )
