@@ -187,7 +187,14 @@ M003_LLM = Migration(
     """,
 )
 
-MIGRATIONS: Sequence[Migration] = (M001_INGEST, M002_MEMORY, M003_LLM)
+M004_USAGE_ESTIMATED = Migration(
+    "m004_usage_estimated",
+    """
+    ALTER TABLE llm_usage ADD COLUMN usage_estimated BOOLEAN DEFAULT FALSE;
+    """,
+)
+
+MIGRATIONS: Sequence[Migration] = (M001_INGEST, M002_MEMORY, M003_LLM, M004_USAGE_ESTIMATED)
 
 # Tables that make up a conversation's built memory (copied whole into a snapshot).
 MEMORY_TABLES: tuple[str, ...] = (
