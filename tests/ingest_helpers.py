@@ -7,9 +7,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from tests.paths import LOCOMO10
 from tmem.store.duck import connect, table_counts
 
-LOCOMO10 = Path("/work/shared/datasets/locomo/locomo10.json")
+__all__ = ["LOCOMO10"]
+
 INGEST_TABLES = ("conversations", "sessions", "turns", "qa")
 SPEAKERS = ("Ann", "Bob")
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",

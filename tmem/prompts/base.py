@@ -65,3 +65,20 @@ def parse_input(content: str) -> Any:
     start = content.rindex(INPUT_OPEN) + len(INPUT_OPEN)
     end = content.rindex(INPUT_CLOSE)
     return json.loads(content[start:end])
+
+
+def prompt_versions() -> dict[str, str]:
+    """``{operation: version}`` of every prompt module in :mod:`tmem.prompts` (build fingerprints)."""
+    import importlib
+    import pkgutil
+
+    import tmem.prompts as package
+
+    versions: dict[str, str] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        operation = getattr(module, "OPERATION", None)
+        version = getattr(module, "VERSION", None)
+        if isinstance(operation, str) and isinstance(version, str):
+            versions[operation] = version
+    return dict(sorted(versions.items()))

@@ -1,0 +1,161 @@
+"""Item extraction: one call per topic, sources checked, atomic vs connected, event time, ids."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests.fakes import FakeChatModel, dialogue, edited, replies
+from tmem.construct import dedupe_items, extract_items, extract_items_detailed
+from tmem.construct.items import item_id
+from tmem.domain import Scene, Topic, Turn
+from tmem.errors import ValidationFailure
+from tmem.ids import content_id
+
+
+def build_topic(scene_count: int) -> tuple[Topic, list[Scene], dict[str, Turn]]:
+    """``scene_count`` scenes of 4 turns (one session each, a week apart) and a topic over all of them."""
+    turns = dialogue(sessions=(4,) * scene_count)
+    scenes = []
+    for n in range(scene_count):
+        own = turns[4 * n : 4 * n + 4]
+        scenes.append(
+            Scene(
+                conversation_id="conv-t",
+                scene_id=content_id("scn", n),
+                seq=n,
+                title=f"Scene {n}",
+                summary="s",
+                narrative="n",
+                turn_ids=tuple(t.turn_id for t in own),
+                start_time=own[0].event_time,
+                end_time=own[-1].event_time,
+            )
+        )
+    topic = Topic(
+        conversation_id="conv-t",
+        topic_id="tpc_pets",
+        seq=0,
+        title="Ana's puppy",
+        keywords=tuple(f"k{n}" for n in range(10)),
+        scene_ids=tuple(s.scene_id for s in scenes),
+    )
+    return topic, scenes, {t.turn_id: t for t in turns}
+
+
+def item(
+    kind: str, sources: list[str], date: str | None = "2023-05-07", content: str = "Ana adopted a puppy."
+) -> dict[str, Any]:
+    return {"kind": kind, "content": content, "sources": sources, "date": date, "keywords": ["puppy", "Puppy"]}
+
+
+def test_one_call_per_topic_atomic_and_connected_from_synth() -> None:
+    topic, scenes, turns = build_topic(3)
+    chat = FakeChatModel()
+    items = extract_items("conv-t", topic, scenes, turns, chat)
+    assert chat.count("item_extract") == 1
+    sent = chat.calls[0].input
+    assert [s["ref"] for s in sent["scenes"]] == ["S1", "S2", "S3"]
+    assert sent["scenes"][1]["dialogue"][0]["date"].startswith("2023-05-15")  # dated dialogue
+    kinds = {i.kind for i in items}
+    assert kinds == {"atomic", "connected"}
+    for it in items:
+        assert set(it.source_scene_ids) <= set(topic.scene_ids)
+        assert (len(it.source_scene_ids) == 1) == (it.kind == "atomic")
+        assert it.topic_id == topic.topic_id
+        assert it.event_time is not None and it.event_time.tzinfo is not None
+
+
+def test_source_outside_the_topic_raises_validation_failure() -> None:
+    topic, scenes, turns = build_topic(2)
+    chat = FakeChatModel({"item_extract": replies({"items": [item("atomic", ["S9"])]})})
+    with pytest.raises(ValidationFailure) as caught:
+        extract_items("conv-t", topic, scenes, turns, chat)
+    assert caught.value.operation == "item_extract"
+    assert "tpc_pets" in caught.value.input_ref
+    assert "S9" in caught.value.reason
+    assert chat.count("item_extract") == 2  # asked again once with the reason
+
+
+@pytest.mark.parametrize(
+    ("kind", "sources", "message"),
+    [
+        ("atomic", ["S1", "S2"], "exactly one"),
+        ("connected", ["S2"], "two or more"),
+        ("connected", ["S2", "S2"], "two or more"),
+    ],
+)
+def test_atomic_and_connected_source_counts_are_enforced(kind: str, sources: list[str], message: str) -> None:
+    topic, scenes, turns = build_topic(2)
+    chat = FakeChatModel({"item_extract": replies({"items": [item(kind, sources)]})})
+    with pytest.raises(ValidationFailure, match=message):
+        extract_items("conv-t", topic, scenes, turns, chat)
+
+
+def test_reask_recovers_an_invalid_answer() -> None:
+    topic, scenes, turns = build_topic(2)
+    chat = FakeChatModel(
+        {"item_extract": replies({"items": [item("atomic", ["S1", "S2"])]}, {"items": [item("atomic", ["S2"])]})}
+    )
+    items = extract_items("conv-t", topic, scenes, turns, chat)
+    assert [i.source_scene_ids for i in items] == [(scenes[1].scene_id,)]
+    assert "exactly one" in chat.calls[1].prompt.messages[-1].content
+
+
+def test_event_time_from_the_model_else_from_the_latest_source_scene() -> None:
+    topic, scenes, turns = build_topic(2)
+    answer = {
+        "items": [
+            item("atomic", ["S1"], "2023-05-07", content="dated"),
+            item("atomic", ["S1"], None, content="undated"),
+            item("connected", ["S1", "S2"], "last spring", content="vague"),
+            item("atomic", ["S2"], "2023-02-30", content="impossible"),
+        ]
+    }
+    chat = FakeChatModel({"item_extract": replies(answer)})
+    result = extract_items_detailed("conv-t", topic, scenes, turns, chat)
+    by_content = {i.content: i for i in result.items}
+    assert by_content["dated"].event_time == datetime(2023, 5, 7, tzinfo=UTC)
+    assert by_content["undated"].event_time == scenes[0].start_time
+    assert by_content["vague"].event_time == scenes[1].start_time  # the latest source
+    assert by_content["impossible"].event_time == scenes[1].start_time
+    fallback = {by_content[c].item_id for c in ("undated", "vague", "impossible")}
+    assert result.dated_from_scene == fallback
+    assert by_content["dated"].keywords == ("puppy",)  # case-insensitively unique
+
+
+def test_large_topics_are_read_in_bounded_chunks() -> None:
+    topic, scenes, turns = build_topic(5)
+    chat = FakeChatModel()
+    items = extract_items("conv-t", topic, scenes, turns, chat, max_scenes=2)
+    assert chat.count("item_extract") == 3
+    assert [len(c.input["scenes"]) for c in chat.of("item_extract")] == [2, 2, 1]
+    assert {sid for i in items for sid in i.source_scene_ids} == set(topic.scene_ids)
+
+
+def test_scene_of_another_topic_is_a_caller_error() -> None:
+    topic, scenes, turns = build_topic(2)
+    stranger = scenes[0].model_copy(update={"scene_id": "scn_other"})
+    with pytest.raises(ValueError, match="not scenes of topic"):
+        extract_items("conv-t", topic, [*scenes, stranger], turns, FakeChatModel())
+
+
+def test_item_ids_are_content_derived_and_duplicates_collapse() -> None:
+    topic, scenes, turns = build_topic(3)
+    first = extract_items("conv-t", topic, scenes, turns, FakeChatModel())
+    again = extract_items("conv-t", topic, scenes, turns, FakeChatModel())
+    assert first == again
+    one = first[0]
+    assert one.item_id == item_id("conv-t", one.content, one.source_scene_ids, "fake-model")
+    assert one.item_id != item_id("conv-t", one.content, one.source_scene_ids, "other-model")
+
+    def doubled(answer: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        return {"items": answer["items"] + answer["items"]}
+
+    chat = FakeChatModel({"item_extract": edited("item_extract", doubled)})
+    twice = extract_items("conv-t", topic, scenes, turns, chat)
+    assert [i.item_id for i in twice] == [i.item_id for i in first]
+    other_topic = [i.model_copy(update={"topic_id": "tpc_other"}) for i in first]
+    assert dedupe_items([first, other_topic]) == first

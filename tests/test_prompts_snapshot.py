@@ -1,0 +1,190 @@
+"""Every prompt rendered with a fixed input and compared with its reviewed snapshot.
+
+A prompt change shows up as a snapshot diff in review. To accept a change, regenerate:
+
+    TMEM_UPDATE_SNAPSHOTS=1 pytest tests/test_prompts_snapshot.py
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+import tmem.prompts
+from tests.fakes import dialogue
+from tmem.prompts import (
+    item_extract,
+    item_triggers,
+    persona,
+    scene_boundaries,
+    scene_pack,
+    scene_triggers,
+    topic_create,
+    topic_match,
+)
+from tmem.prompts.base import Prompt, parse_input
+from tmem.prompts.common import dialogue_blocks
+
+SNAPSHOTS = Path(__file__).parent / "snapshots" / "prompts"
+UPDATE = os.environ.get("TMEM_UPDATE_SNAPSHOTS") == "1"
+
+TURNS = dialogue("conv-snap", sessions=(3, 3))
+SCENE = topic_create.SceneView(
+    date="2023-05-08",
+    title="Ana adopts a shelter puppy",
+    summary="Ana told Ben she adopted a puppy named Biscuit.",
+    narrative="On 8 May 2023 Ana told Ben she had adopted a puppy from the shelter. She named her Biscuit.",
+)
+DRAFT = persona.PersonaDraft(
+    identity=["dog owner"],
+    preferences=["pottery"],
+    traits=["caring"],
+    relations=["friend of Ben"],
+    timeline=[persona.TimelineEntry(fact="owns a puppy named Biscuit", since="2023-05")],
+)
+
+CASES: dict[str, Prompt[Any]] = {
+    scene_boundaries.OPERATION: scene_boundaries.build(
+        scene_boundaries.BoundaryInput(
+            conversation_id="conv-snap",
+            open_scene=dialogue_blocks(TURNS[:2]),
+            new_turns=dialogue_blocks(TURNS[2:]),
+            final=True,
+        )
+    ),
+    scene_pack.OPERATION: scene_pack.build(
+        scene_pack.PackInput(
+            conversation_id="conv-snap",
+            scenes=[
+                scene_pack.SceneToPack(ref="S1", dialogue=dialogue_blocks(TURNS[:3])),
+                scene_pack.SceneToPack(ref="S2", dialogue=dialogue_blocks(TURNS[3:])),
+            ],
+        )
+    ),
+    topic_create.OPERATION: topic_create.build(
+        topic_create.CreateInput(conversation_id="conv-snap", scene_ref="#0 scn_x", scene=SCENE)
+    ),
+    topic_match.OPERATION: topic_match.build(
+        topic_match.MatchInput(
+            conversation_id="conv-snap",
+            scene_ref="#3 scn_y",
+            scene=SCENE,
+            topics=[
+                topic_match.TopicLabel(ref="T1", title="Ana's pottery class", keywords=["pottery", "bowl", "class"]),
+                topic_match.TopicLabel(ref="T2", title="Ana's pets", keywords=["puppy", "shelter", "dog"]),
+            ],
+            may_open_new=True,
+        ),
+        feedback="topic ref 'T9' is not among the listed topics ['T1', 'T2'].",
+    ),
+    item_extract.OPERATION: item_extract.build(
+        item_extract.ExtractInput(
+            conversation_id="conv-snap",
+            topic_id="tpc_x",
+            topic="Ana's pets",
+            scenes=[
+                item_extract.TopicScene(ref="S1", title="Ana adopts a puppy", dialogue=dialogue_blocks(TURNS[:3])),
+                item_extract.TopicScene(ref="S2", title="Biscuit at the vet", dialogue=dialogue_blocks(TURNS[3:])),
+            ],
+        )
+    ),
+    item_triggers.OPERATION: item_triggers.build(
+        item_triggers.ItemTriggerInput(
+            conversation_id="conv-snap",
+            items=[
+                item_triggers.ItemView(ref="I1", content="Ana adopted a puppy named Biscuit.", date="2023-05-07"),
+                item_triggers.ItemView(ref="I2", content="Ben runs a marathon every spring."),
+            ],
+        )
+    ),
+    scene_triggers.OPERATION: scene_triggers.build(
+        scene_triggers.SceneTriggerInput(
+            conversation_id="conv-snap",
+            scenes=[
+                scene_triggers.SceneNarrative(
+                    ref="S1", date="2023-05-08", speakers=["Ana", "Ben"], title=SCENE.title, narrative=SCENE.narrative
+                )
+            ],
+        )
+    ),
+    persona.OPERATION: persona.build(
+        persona.PersonaInput(
+            conversation_id="conv-snap",
+            speaker="Ana",
+            persona_so_far=DRAFT,
+            turns=dialogue_blocks([t for t in TURNS if t.speaker == "Ana"], with_speaker=False, with_session=False),
+        )
+    ),
+}
+
+
+def render(prompt: Prompt[Any]) -> str:
+    parts = [
+        f"operation: {prompt.operation}",
+        f"version: {prompt.version}",
+        f"input_ref: {prompt.input_ref}",
+    ]
+    for message in prompt.messages:
+        parts += [f"=== {message.role} ===", message.content]
+    parts += ["=== response schema ===", json.dumps(prompt.json_schema(), indent=1, sort_keys=True)]
+    return "\n".join(parts) + "\n"
+
+
+def operation_modules() -> list[Any]:
+    names = [m.name for m in pkgutil.iter_modules(tmem.prompts.__path__) if m.name not in {"base", "common"}]
+    return [importlib.import_module(f"tmem.prompts.{name}") for name in names]
+
+
+@pytest.mark.parametrize("operation", sorted(CASES))
+def test_prompt_matches_snapshot(operation: str) -> None:
+    path = SNAPSHOTS / f"{operation}.txt"
+    text = render(CASES[operation])
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"no snapshot {path}; run with TMEM_UPDATE_SNAPSHOTS=1 and review it"
+    assert text == path.read_text(encoding="utf-8"), f"prompt {operation} changed; review, then regenerate"
+
+
+def test_every_operation_module_has_a_snapshot_case() -> None:
+    modules = operation_modules()
+    operations = {m.OPERATION for m in modules}
+    assert operations == set(CASES)
+    for module in modules:
+        assert isinstance(module.VERSION, str) and module.VERSION
+        assert callable(module.build)
+    assert len(operations) == len(modules), "two prompt modules share an operation name"
+
+
+@pytest.mark.parametrize("operation", sorted(CASES))
+def test_input_block_round_trips_and_fields_are_explained(operation: str) -> None:
+    prompt = CASES[operation]
+    last = prompt.messages[-1]
+    assert last.role == "user"
+    data = parse_input(last.content)
+    assert isinstance(data, dict) and data
+    assert "conversation_id" not in data  # routing data stays out of the model's input
+    system = prompt.messages[0].content
+
+    def descriptions(model: type[BaseModel]) -> list[str]:
+        return [info.description for info in model.model_fields.values() if info.description]
+
+    for description in descriptions(prompt.response_model):
+        assert description in system
+
+
+def test_feedback_goes_before_the_input_block_and_changes_the_cache_key() -> None:
+    prompt = CASES[topic_match.OPERATION]
+    content = prompt.messages[-1].content
+    assert content.index("T9") < content.index("<input>")
+    payload = topic_match.MatchInput.model_validate({**parse_input(content), "conversation_id": "c", "scene_ref": "r"})
+    plain = topic_match.build(payload)
+    assert "T9" not in plain.messages[-1].content
+    assert plain.cache_key("m") != topic_match.build(payload, feedback="other").cache_key("m")

@@ -1,0 +1,183 @@
+"""Stage 2: admit scenes to topics, one scene at a time in arrival order (paper Algorithm 4).
+
+For each scene, the pool (in creation order) is matched in batches of at most ``batch`` labels,
+one ``topic_match`` call per batch; the scene joins every topic that admits it. The matching
+answer also carries the keywords each admitted topic gains (the topic update: the title stays
+as created, keywords are merged and capped at ``max_keywords``). When no topic admits the scene,
+a new topic is opened: from the proposal of the last matching call (asked only when no earlier
+batch admitted), else with one ``topic_create`` call. A topic has at least 10 keywords.
+
+Calls per scene: ceil(|pool| / batch) matching calls, plus one creation call for the first
+scene of an empty pool or when the last batch's proposal is missing or too thin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tmem.construct.common import DEFAULT_REASKS, Rejected, ask_checked, batched, clean, local_refs, unique_phrases
+from tmem.domain import Scene, Topic
+from tmem.ids import content_id
+from tmem.prompts import topic_create, topic_match
+from tmem.prompts.common import iso_date
+from tmem.providers.base import ChatModel
+
+MAX_KEYWORDS = 40
+
+
+@dataclass(frozen=True)
+class TopicPool:
+    """The topics of one conversation in creation order, each with its scene ids in admission order."""
+
+    conversation_id: str
+    topics: tuple[Topic, ...]
+
+    def get(self, topic_id: str) -> Topic:
+        for topic in self.topics:
+            if topic.topic_id == topic_id:
+                return topic
+        raise KeyError(topic_id)
+
+    def topics_of(self, scene_id: str) -> tuple[str, ...]:
+        return tuple(t.topic_id for t in self.topics if scene_id in t.scene_ids)
+
+
+def topic_id(conversation_id: str, founding_scene_id: str) -> str:
+    """Fixed at creation: conversation, founding scene (its id carries the model) and prompt versions."""
+    return content_id("tpc", conversation_id, founding_scene_id, topic_create.VERSION, topic_match.VERSION)
+
+
+def admit_topics(
+    conversation_id: str,
+    scenes: Sequence[Scene],
+    chat: ChatModel,
+    *,
+    existing: Iterable[Topic] = (),
+    batch: int = 10,
+    max_keywords: int = MAX_KEYWORDS,
+    reasks: int = DEFAULT_REASKS,
+) -> TopicPool:
+    """Admit ``scenes`` in arrival order (by ``seq``) to the pool that starts as ``existing``.
+
+    Scenes already in a topic of ``existing`` are skipped, so an incremental run over old and
+    new scenes only pays for the new ones.
+    """
+    pool = list(existing)
+    for scene in sorted(scenes, key=lambda s: s.seq):
+        if scene.conversation_id != conversation_id:
+            raise ValueError(f"scene {scene.scene_id} does not belong to conversation {conversation_id!r}")
+        if any(scene.scene_id in t.scene_ids for t in pool):
+            continue
+        pool = admit_scene(conversation_id, pool, scene, chat, batch=batch, max_keywords=max_keywords, reasks=reasks)
+    return TopicPool(conversation_id, tuple(pool))
+
+
+def admit_scene(
+    conversation_id: str,
+    pool: Sequence[Topic],
+    scene: Scene,
+    chat: ChatModel,
+    *,
+    batch: int = 10,
+    max_keywords: int = MAX_KEYWORDS,
+    reasks: int = DEFAULT_REASKS,
+) -> list[Topic]:
+    """One step of Algorithm 4: the pool after ``scene`` joined its topics or opened a new one."""
+    view = topic_create.SceneView(
+        date=iso_date(scene.start_time), title=scene.title, summary=scene.summary, narrative=scene.narrative
+    )
+    gained: dict[str, tuple[str, ...]] = {}  # admitted topic id -> its new keywords
+    proposal: topic_create.TopicDraft | None = None
+    batches = list(batched(list(pool), batch))
+    for number, labels in enumerate(batches, start=1):
+        may_open_new = number == len(batches) and not gained
+        admitted, offered = _match(conversation_id, scene, view, labels, may_open_new, chat, reasks)
+        gained.update(admitted)
+        if may_open_new and not admitted and offered is not None:
+            proposal = _usable(offered.title, offered.keywords, max_keywords)
+    if gained:
+        return [
+            _fold(topic, scene.scene_id, gained[topic.topic_id], max_keywords) if topic.topic_id in gained else topic
+            for topic in pool
+        ]
+    if proposal is None:
+        proposal = _create(conversation_id, scene, view, chat, max_keywords, reasks)
+    founded = Topic(
+        conversation_id=conversation_id,
+        topic_id=topic_id(conversation_id, scene.scene_id),
+        seq=len(pool),
+        title=proposal.title,
+        keywords=tuple(proposal.keywords),
+        scene_ids=(scene.scene_id,),
+    )
+    return [*pool, founded]
+
+
+def _match(
+    conversation_id: str,
+    scene: Scene,
+    view: topic_create.SceneView,
+    labels: Sequence[Topic],
+    may_open_new: bool,
+    chat: ChatModel,
+    reasks: int,
+) -> tuple[dict[str, tuple[str, ...]], topic_match.TopicProposal | None]:
+    refs = local_refs("T", labels)
+    payload = topic_match.MatchInput(
+        conversation_id=conversation_id,
+        scene_ref=f"#{scene.seq} {scene.scene_id}",
+        scene=view,
+        topics=[topic_match.TopicLabel(ref=ref, title=t.title, keywords=list(t.keywords)) for ref, t in refs.items()],
+        may_open_new=may_open_new,
+    )
+
+    def check(answer: topic_match.MatchResponse) -> tuple[dict[str, tuple[str, ...]], topic_match.TopicProposal | None]:
+        admitted: dict[str, tuple[str, ...]] = {}
+        for admission in answer.admitted:
+            ref = clean(admission.ref)
+            if ref not in refs:
+                raise Rejected(f"topic ref {ref!r} is not among the listed topics {list(refs)}.")
+            topic = refs[ref]
+            admitted[topic.topic_id] = admitted.get(topic.topic_id, ()) + unique_phrases(admission.new_keywords)
+        return admitted, answer.new_topic
+
+    return ask_checked(chat, topic_match.build, payload, check, reasks=reasks)
+
+
+def _usable(title: str, keywords: Iterable[str], max_keywords: int) -> topic_create.TopicDraft | None:
+    """The draft with cleaned title and keywords, or ``None`` when it is too thin to found a topic."""
+    kept = unique_phrases(keywords, limit=max_keywords)
+    if not clean(title) or len(kept) < topic_create.MIN_KEYWORDS:
+        return None
+    return topic_create.TopicDraft(title=clean(title), keywords=list(kept))
+
+
+def _create(
+    conversation_id: str,
+    scene: Scene,
+    view: topic_create.SceneView,
+    chat: ChatModel,
+    max_keywords: int,
+    reasks: int,
+) -> topic_create.TopicDraft:
+    payload = topic_create.CreateInput(
+        conversation_id=conversation_id, scene_ref=f"#{scene.seq} {scene.scene_id}", scene=view
+    )
+
+    def check(answer: topic_create.TopicDraft) -> topic_create.TopicDraft:
+        draft = _usable(answer.title, answer.keywords, max_keywords)
+        if draft is None:
+            raise Rejected(
+                f"a topic needs a title and at least {topic_create.MIN_KEYWORDS} distinct keywords; "
+                f"got {len(unique_phrases(answer.keywords))}."
+            )
+        return draft
+
+    return ask_checked(chat, topic_create.build, payload, check, reasks=reasks)
+
+
+def _fold(topic: Topic, scene_id: str, new_keywords: tuple[str, ...], max_keywords: int) -> Topic:
+    """The topic update: same id and title, the scene appended, new keywords merged (capped)."""
+    keywords = unique_phrases([*topic.keywords, *new_keywords], limit=max_keywords)
+    return topic.model_copy(update={"scene_ids": (*topic.scene_ids, scene_id), "keywords": keywords})

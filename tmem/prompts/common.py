@@ -1,0 +1,134 @@
+"""Pieces shared by the prompt modules: dialogue rendering, the field guide, message assembly.
+
+Every operation module keeps its own prose; this module only holds the few sentences that
+are the same for every operation (how to answer, how a rejected answer is reported back),
+so that they are written once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, TypeVar, get_args, get_origin
+
+from pydantic import BaseModel
+
+from tmem.domain import Turn
+from tmem.prompts.base import Message, Prompt, render_input
+
+R = TypeVar("R", bound=BaseModel)
+
+
+class DialogueTurn(BaseModel):
+    id: str
+    speaker: str | None = None
+    text: str
+
+
+class DialogueBlock(BaseModel):
+    """Consecutive turns of one session, under the session's date."""
+
+    session: str | None = None
+    date: str
+    turns: list[DialogueTurn]
+
+
+def when(moment: datetime) -> str:
+    """Dates as the models read them: ISO date, weekday (to resolve "last Friday"), clock time."""
+    return moment.strftime("%Y-%m-%d %a %H:%M")
+
+
+def iso_date(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d")
+
+
+def dialogue_blocks(
+    turns: Iterable[Turn], *, with_session: bool = True, with_speaker: bool = True
+) -> list[DialogueBlock]:
+    """Group turns (already in conversation order) into per-session blocks dated by their first turn."""
+    blocks: list[DialogueBlock] = []
+    current: str | None = None
+    for turn in turns:
+        if not blocks or turn.session_id != current:
+            current = turn.session_id
+            blocks.append(
+                DialogueBlock(session=turn.session_id if with_session else None, date=when(turn.event_time), turns=[])
+            )
+        blocks[-1].turns.append(
+            DialogueTurn(id=turn.turn_id, speaker=turn.speaker if with_speaker else None, text=turn.text)
+        )
+    return blocks
+
+
+def compact(payload: BaseModel) -> dict[str, Any]:
+    """The payload as JSON data without null fields (fewer tokens, nothing lost)."""
+    return payload.model_dump(mode="json", exclude_none=True)
+
+
+def _inner_models(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found: list[type[BaseModel]] = []
+    if get_origin(annotation) is not None:  # list[...], X | None, dict[...]
+        for arg in get_args(annotation):
+            found.extend(_inner_models(arg))
+    return found
+
+
+def field_guide(model: type[BaseModel], indent: str = "") -> str:
+    """One line per field of the response model (its description), nested models indented.
+
+    The descriptions are the instructions; printing them keeps servers without JSON-schema
+    support (JSON mode only) as well informed as those that receive the schema.
+    """
+    lines: list[str] = []
+    for name, info in model.model_fields.items():
+        lines.append(f"{indent}- {name}: {info.description or ''}".rstrip())
+        for inner in _inner_models(info.annotation):
+            lines.append(field_guide(inner, indent + "  "))
+    return "\n".join(lines)
+
+
+ANSWER_RULES = (
+    "Answer with a single JSON object and nothing else. State nothing about the speakers that the "
+    "input does not support: no invented people, dates or events. Keep each field as short as its "
+    "description allows."
+)
+
+FEEDBACK_NOTE = "A previous answer to this same request was rejected: {reason} Answer again and fix that."
+
+
+def assemble(
+    *,
+    operation: str,
+    version: str,
+    system: str,
+    response_model: type[R],
+    example: dict[str, Any],
+    task: str,
+    payload: BaseModel | dict[str, Any],
+    input_ref: str,
+    feedback: str | None,
+) -> Prompt[R]:
+    """System message (role, rules, field guide, one example) and user message (task, input block)."""
+    system_text = "\n\n".join(
+        [
+            system,
+            ANSWER_RULES,
+            "Fields of the answer:\n" + field_guide(response_model),
+            "Example of the shape (made-up content):\n" + json.dumps(example, ensure_ascii=False),
+        ]
+    )
+    data = compact(payload) if isinstance(payload, BaseModel) else payload
+    parts = [task]
+    if feedback:
+        parts.append(FEEDBACK_NOTE.format(reason=feedback))
+    parts.append(render_input(data))
+    return Prompt(
+        operation=operation,
+        version=version,
+        messages=(Message("system", system_text), Message("user", "\n\n".join(parts))),
+        response_model=response_model,
+        input_ref=input_ref,
+    )

@@ -1,0 +1,95 @@
+"""Scene boundaries for one window of turns, packing each scene that closes in the same answer.
+
+One call reads the turns of the scene still open (context) and the next window of new turns,
+and returns every scene that closes inside the new turns with its title, summary and
+narrative. Packing rides along because the model has just read the whole scene; a separate
+packing call (``scene_pack``) is only needed for scenes cut without a boundary call.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from tmem.prompts.base import Prompt
+from tmem.prompts.common import DialogueBlock, assemble
+
+OPERATION = "scene_boundaries"
+VERSION = "1"
+
+
+class BoundaryInput(BaseModel):
+    conversation_id: str = Field(exclude=True)
+    open_scene: list[DialogueBlock] = Field(description="Turns of the scene that is still open (already read).")
+    new_turns: list[DialogueBlock] = Field(description="The turns to segment now.")
+    final: bool = Field(description="True when the conversation ends with the last new turn.")
+
+
+TITLE_HELP = "A specific title of at most ten words naming who and what, e.g. a person and the event."
+SUMMARY_HELP = "One or two sentences: what happened, what was decided, shared or learned."
+NARRATIVE_HELP = (
+    "Three to five sentences in the third person and past tense, naming the speakers and keeping "
+    "every date, place, name and number that was mentioned."
+)
+
+
+class ClosedScene(BaseModel):
+    last_turn: str = Field(description="Id of the new turn with which this scene's event closes.")
+    title: str = Field(min_length=1, description=TITLE_HELP)
+    summary: str = Field(min_length=1, description=SUMMARY_HELP)
+    narrative: str = Field(min_length=1, description=NARRATIVE_HELP)
+
+
+class BoundaryResponse(BaseModel):
+    closed: list[ClosedScene] = Field(
+        description="The scenes that close inside the new turns, in dialogue order; empty when the event goes on."
+    )
+
+
+SYSTEM = (
+    "You cut a long chat between two people into scenes. A scene is one event or exchange about a "
+    "single matter, from where it opens to where the speakers have finished with it and turn to "
+    "something else. A new session does not close a scene by itself: an unfinished matter may "
+    "continue in the next session, and one session may hold several scenes. Most scenes run for "
+    "about six to twenty turns; do not close a scene after every turn.\n"
+    "The input holds the turns of the scene that is still open (you have read them before; a "
+    "scene cannot close inside them) and the new turns. Name every scene that closes inside the "
+    "new turns by the id of its last turn. The first scene you close starts with the first turn "
+    "of the open scene, or with the first new turn when nothing is open; each further scene "
+    "starts right after the previous close. Turns after your last close stay open for the next "
+    "request. When final is true the chat ends with the last new turn, so close the last scene "
+    "there.\n"
+    "Describe each closed scene from all of its turns, using the dates shown."
+)
+
+TASK = "Find where events close in the new turns and describe each closed scene."
+
+EXAMPLE = {
+    "closed": [
+        {
+            "last_turn": "D4:9",
+            "title": "Ana plans her sister's surprise party",
+            "summary": "Ana asked Ben for help with her sister's surprise party on Saturday.",
+            "narrative": (
+                "On 3 March 2022 Ana told Ben she was planning a surprise party for her sister Eva. "
+                "Ben offered to bake the cake. They agreed to meet at the park on Saturday."
+            ),
+        }
+    ]
+}
+
+
+def build(payload: BoundaryInput, feedback: str | None = None) -> Prompt[BoundaryResponse]:
+    new_ids = [turn.id for block in payload.new_turns for turn in block.turns]
+    open_count = sum(len(block.turns) for block in payload.open_scene)
+    span = f"{new_ids[0]}..{new_ids[-1]}" if new_ids else "no new turns"
+    return assemble(
+        operation=OPERATION,
+        version=VERSION,
+        system=SYSTEM,
+        response_model=BoundaryResponse,
+        example=EXAMPLE,
+        task=TASK,
+        payload=payload,
+        input_ref=f"{payload.conversation_id} turns {span} (+{open_count} open)",
+        feedback=feedback,
+    )

@@ -1,0 +1,88 @@
+"""Topic matching with the update folded in: which of up to b topic labels admit a new scene.
+
+One call per batch of labels. For each admitted label the answer also carries the scene's new
+keywords, which is the whole of the topic update (the title is kept as created), so an update
+costs no call of its own. On the last batch, when no earlier batch admitted the scene, the
+call may also propose the new topic, saving the separate ``topic_create`` call.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from tmem.prompts.base import Prompt
+from tmem.prompts.common import assemble
+from tmem.prompts.topic_create import KEYWORDS_HELP, MIN_KEYWORDS, TOPIC_TITLE_HELP, SceneView
+
+OPERATION = "topic_match"
+VERSION = "1"
+MAX_NEW_KEYWORDS = 5
+
+
+class TopicLabel(BaseModel):
+    ref: str
+    title: str
+    keywords: list[str]
+
+
+class MatchInput(BaseModel):
+    conversation_id: str = Field(exclude=True)
+    scene_ref: str = Field(exclude=True)
+    scene: SceneView
+    topics: list[TopicLabel]
+    may_open_new: bool
+
+
+class Admission(BaseModel):
+    ref: str = Field(description="Ref of a topic that this scene continues.")
+    new_keywords: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_NEW_KEYWORDS,
+        description=f"Up to {MAX_NEW_KEYWORDS} keywords of this scene that the topic lacks; may be empty.",
+    )
+
+
+class TopicProposal(BaseModel):
+    title: str = Field(description=TOPIC_TITLE_HELP)
+    keywords: list[str] = Field(description=KEYWORDS_HELP)
+
+
+class MatchResponse(BaseModel):
+    admitted: list[Admission] = Field(
+        description="Every listed topic whose specific thread this scene continues; several are fine, none is fine."
+    )
+    new_topic: TopicProposal | None = Field(
+        default=None,
+        description="Only when may_open_new is true and no topic admits the scene: the new topic; else null.",
+    )
+
+
+SYSTEM = (
+    "You sort the scenes of a long chat between two people into topics. A topic is one specific "
+    "recurring thread (a person's project, relationship, hobby, plan or problem). Decide for each "
+    "listed topic whether the new scene continues that same thread. Sharing a broad theme is not "
+    "enough: the scene must be about the same specific matter. A scene may continue several "
+    f"topics. When may_open_new is true and no listed topic fits, propose a new topic with at "
+    f"least {MIN_KEYWORDS} keywords."
+)
+
+TASK = "Which of these topics does the scene continue?"
+
+EXAMPLE = {
+    "admitted": [{"ref": "T2", "new_keywords": ["landlord", "deposit"]}],
+    "new_topic": None,
+}
+
+
+def build(payload: MatchInput, feedback: str | None = None) -> Prompt[MatchResponse]:
+    return assemble(
+        operation=OPERATION,
+        version=VERSION,
+        system=SYSTEM,
+        response_model=MatchResponse,
+        example=EXAMPLE,
+        task=TASK,
+        payload=payload,
+        input_ref=f"{payload.conversation_id} scene {payload.scene_ref} vs {len(payload.topics)} topics",
+        feedback=feedback,
+    )
