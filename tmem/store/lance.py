@@ -1,0 +1,432 @@
+"""Vector tables in LanceDB: one row per embedded view of a topic, scene or item.
+
+Every read and write is scoped to one conversation. The scope filter is a typed
+``lancedb.expr`` expression (``col("conversation_id") == lit(x)``), never an SQL string
+built from an id: a crafted id such as ``x' OR '1'='1`` is a literal, not SQL
+(``tests/test_lance.py`` proves it for reads, searches and replacing writes).
+
+Every Lance write makes a table version. Writers batch rows; a reader that pins a
+version (``version=...``) keeps seeing that version's rows after later writes, until
+:meth:`VectorStore.optimize` removes versions older than its retention window.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, get_args
+
+import lancedb
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from lancedb.expr import Expr, col, lit
+from lancedb.index import BTree
+from lancedb.query import LanceVectorQueryBuilder
+
+from tmem.errors import ScopeError, StoreError
+from tmem.ids import content_id
+
+if TYPE_CHECKING:
+    import polars as pl
+
+OwnerKind = Literal["topic", "scene", "item"]
+OWNER_KINDS: frozenset[str] = frozenset(get_args(OwnerKind))
+
+# Views written by the indexer (DESIGN.md §3). Other names are allowed; these are the known ones.
+KNOWN_VIEWS: frozenset[str] = frozenset({"summary", "content", "dlg", "scn", "hor", "con", "brg", "joint"})
+
+# Below this many rows a conversation_id scan costs a few ms; above it a BTREE index pays off.
+# Measured here (384-d, ~300 rows per conversation): filtered vector search 16.6 -> 6.2 ms at
+# 10k rows and 181 -> 5.3 ms at 100k rows; building the index takes 8-23 ms.
+SCOPE_INDEX_MIN_ROWS = 5_000
+
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_META_COLUMNS = ("row_id", "conversation_id", "owner_kind", "owner_id", "view", "ordinal", "text")
+
+
+def vector_schema(dim: int) -> pa.Schema:
+    """The explicit schema of every vector table (``dim`` floats per row)."""
+    return pa.schema(
+        [
+            pa.field("row_id", pa.string(), nullable=False),
+            pa.field("conversation_id", pa.string(), nullable=False),
+            pa.field("owner_kind", pa.string(), nullable=False),
+            pa.field("owner_id", pa.string(), nullable=False),
+            pa.field("view", pa.string(), nullable=False),
+            pa.field("ordinal", pa.int32(), nullable=False),
+            pa.field("text", pa.string(), nullable=False),
+            pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
+        ]
+    )
+
+
+def make_row_id(conversation_id: str, owner_kind: str, owner_id: str, view: str, ordinal: int) -> str:
+    """Deterministic row id: unique per (conversation, owner, view, ordinal)."""
+    return content_id("vec", conversation_id, owner_kind, owner_id, view, ordinal)
+
+
+def scope_filter(conversation_id: str) -> Expr:
+    """The typed, injection-safe filter ``conversation_id = <literal>``."""
+    return col("conversation_id") == lit(_checked_scope(conversation_id))
+
+
+@dataclass(frozen=True)
+class VectorRow:
+    """One embedded text: a view (``ordinal``-th vector) of a topic, scene or item."""
+
+    conversation_id: str
+    owner_kind: OwnerKind
+    owner_id: str
+    view: str
+    ordinal: int
+    text: str
+    vector: npt.NDArray[np.float32] = field(repr=False)
+
+    @property
+    def row_id(self) -> str:
+        return make_row_id(self.conversation_id, self.owner_kind, self.owner_id, self.view, self.ordinal)
+
+
+@dataclass(frozen=True)
+class ConversationVectors:
+    """All rows of one conversation in one table at one version, sorted by (owner_kind, owner_id, view, ordinal).
+
+    ``meta`` holds every column but ``vector``; ``vectors[i]`` is the vector of ``meta`` row i.
+    """
+
+    table: str
+    version: int
+    meta: pa.Table
+    vectors: npt.NDArray[np.float32]
+
+    def __len__(self) -> int:
+        return self.meta.num_rows
+
+    def to_polars(self) -> pl.DataFrame:
+        import polars as pl
+
+        frame = pl.from_arrow(self.meta)
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+
+@dataclass(frozen=True)
+class VectorHit:
+    """One search result; ``score`` is the cosine similarity (1 - cosine distance)."""
+
+    row_id: str
+    owner_kind: str
+    owner_id: str
+    view: str
+    ordinal: int
+    text: str
+    score: float
+
+
+class VectorStore:
+    """Vector tables under one LanceDB directory (a local path or an object-store URI)."""
+
+    def __init__(self, uri: str | Path, dim: int) -> None:
+        if dim < 1:
+            raise StoreError(f"vector dimension must be positive, got {dim}")
+        self.uri = str(uri)
+        self.dim = dim
+        self._schema = vector_schema(dim)
+        self._lock = threading.Lock()
+        self._tables: dict[str, lancedb.table.Table] = {}
+        self._indexed: set[str] = set()
+        try:
+            # interval 0: a handle re-checks the latest version on each unpinned read, so
+            # writes by another process are seen (pinned reads never change).
+            self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise StoreError(f"{self.uri}: cannot open LanceDB ({exc})") from exc
+
+    # ---- tables -------------------------------------------------------------------------
+
+    def table_names(self) -> list[str]:
+        names: list[str] = []
+        page: str | None = None
+        while True:
+            response = self._db.list_tables(page_token=page)
+            names.extend(response.tables)
+            page = response.page_token
+            if not page:
+                return sorted(names)
+
+    def has_table(self, table: str) -> bool:
+        return _checked_table_name(table) in self.table_names()
+
+    def _table(self, table: str, *, create: bool) -> lancedb.table.Table:
+        name = _checked_table_name(table)
+        with self._lock:
+            handle = self._tables.get(name)
+            if handle is None:
+                if name in self.table_names():
+                    handle = self._db.open_table(name)
+                    self._check_schema(name, handle.schema)
+                elif create:
+                    handle = self._db.create_table(name, schema=self._schema, exist_ok=True)
+                    self._check_schema(name, handle.schema)
+                else:
+                    raise StoreError(f"{self.uri}: no vector table {name!r}")
+                self._tables[name] = handle
+            return handle
+
+    def _check_schema(self, name: str, schema: pa.Schema) -> None:
+        if schema.names != self._schema.names:
+            raise StoreError(f"{self.uri}/{name}: columns {schema.names} differ from {self._schema.names}")
+        vector_type = schema.field("vector").type
+        if not pa.types.is_fixed_size_list(vector_type) or vector_type.list_size != self.dim:
+            raise StoreError(f"{self.uri}/{name}: vector column is {vector_type}, expected {self.dim} float32")
+
+    def _reader(self, table: str, version: int | None) -> lancedb.table.Table:
+        if version is None:
+            return self._table(table, create=False)
+        name = _checked_table_name(table)
+        if not self.has_table(name):
+            raise StoreError(f"{self.uri}: no vector table {name!r}")
+        try:
+            return self._db.open_table(name, version=version)
+        except ValueError as exc:
+            raise StoreError(f"{self.uri}/{name}: cannot read version {version} ({exc})") from exc
+
+    def version(self, table: str) -> int:
+        """The latest version of ``table``."""
+        return int(self._table(table, create=False).version)
+
+    def count_rows(self, table: str, version: int | None = None) -> int:
+        return int(self._reader(table, version).count_rows())
+
+    # ---- writes -------------------------------------------------------------------------
+
+    def replace_conversation(self, table: str, conversation_id: str, rows: Sequence[VectorRow]) -> int:
+        """Make ``rows`` the only rows of ``conversation_id`` in ``table``; return the new version."""
+        return self.replace_conversations(table, {conversation_id: rows})
+
+    def replace_conversations(self, table: str, rows_by_conversation: Mapping[str, Sequence[VectorRow]]) -> int:
+        """Replace the rows of several conversations in one write; return the new version.
+
+        One merge-insert (match on row_id, insert new, delete the named conversations' rows
+        absent from the input) commits as one version, so readers see all old rows or all new
+        ones, and publishing many conversations costs one version. Creates the table on first
+        use, and the scope index once the table is large (that index build adds a later version
+        holding the same rows; the version returned is this write's own).
+        """
+        ids = [_checked_scope(c) for c in rows_by_conversation]
+        if not ids:
+            return int(self._table(table, create=True).version)
+        scope = scope_filter(ids[0]) if len(ids) == 1 else col("conversation_id").isin(ids)
+        rows: list[VectorRow] = []
+        for conversation_id, conversation_rows in rows_by_conversation.items():
+            for row in conversation_rows:
+                if row.conversation_id != conversation_id:
+                    raise ScopeError(
+                        f"replacing conversation {conversation_id!r} in {table!r}: row {row.row_id} belongs to "
+                        f"conversation {row.conversation_id!r}"
+                    )
+            rows.extend(conversation_rows)
+        data = self._to_arrow(table, rows)
+        handle = self._table(table, create=True)
+        try:
+            result = (
+                handle.merge_insert("row_id")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .when_not_matched_by_source_delete(scope)
+                .execute(data)
+            )
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise StoreError(f"{self.uri}/{table}: replacing conversations {ids[:3]} failed ({exc})") from exc
+        self.ensure_scope_index(table)
+        return int(result.version or handle.version)
+
+    def upsert(self, table: str, rows: Sequence[VectorRow]) -> int:
+        """Insert ``rows``, replacing rows with the same row_id; return the new version."""
+        data = self._to_arrow(table, rows)
+        handle = self._table(table, create=True)
+        if data.num_rows == 0:
+            return int(handle.version)
+        try:
+            result = handle.merge_insert("row_id").when_matched_update_all().when_not_matched_insert_all().execute(data)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise StoreError(f"{self.uri}/{table}: upsert of {data.num_rows} rows failed ({exc})") from exc
+        self.ensure_scope_index(table)
+        return int(result.version or handle.version)
+
+    def _to_arrow(self, table: str, rows: Sequence[VectorRow]) -> pa.Table:
+        n = len(rows)
+        matrix = np.empty((n, self.dim), dtype=np.float32)
+        row_ids: list[str] = []
+        for i, row in enumerate(rows):
+            if row.owner_kind not in OWNER_KINDS:
+                raise StoreError(f"{table}: row {row.owner_id!r} has owner_kind {row.owner_kind!r}, not one of {sorted(OWNER_KINDS)}")
+            if not row.view or not row.owner_id:
+                raise StoreError(f"{table}: row of {row.owner_kind} {row.owner_id!r} needs a view and an owner id")
+            vector = np.asarray(row.vector, dtype=np.float32)
+            if vector.shape != (self.dim,):
+                raise StoreError(f"{table}: row {row.row_id} has vector shape {vector.shape}, expected ({self.dim},)")
+            if not np.isfinite(vector).all():
+                # Missing views are absent rows; NaN sentinels belong to scoring, not storage.
+                raise StoreError(f"{table}: row {row.row_id} ({row.owner_id}/{row.view}) has a non-finite vector")
+            matrix[i] = vector
+            row_ids.append(row.row_id)
+        if len(set(row_ids)) != n:
+            dupes = sorted(r for r, count in Counter(row_ids).items() if count > 1)
+            raise StoreError(f"{table}: duplicate row ids in one write: {dupes[:5]}")
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1), type=pa.float32()), self.dim)
+        columns = {
+            "row_id": pa.array(row_ids, type=pa.string()),
+            "conversation_id": pa.array([r.conversation_id for r in rows], type=pa.string()),
+            "owner_kind": pa.array([r.owner_kind for r in rows], type=pa.string()),
+            "owner_id": pa.array([r.owner_id for r in rows], type=pa.string()),
+            "view": pa.array([r.view for r in rows], type=pa.string()),
+            "ordinal": pa.array([r.ordinal for r in rows], type=pa.int32()),
+            "text": pa.array([r.text for r in rows], type=pa.string()),
+            "vector": vectors,
+        }
+        return pa.Table.from_arrays(list(columns.values()), schema=self._schema)
+
+    # ---- reads --------------------------------------------------------------------------
+
+    def load_conversation(
+        self,
+        table: str,
+        conversation_id: str,
+        version: int | None = None,
+        views: Sequence[str] | None = None,
+    ) -> ConversationVectors:
+        """Every row of one conversation (optionally only ``views``) at ``version`` (default latest)."""
+        where = scope_filter(conversation_id)
+        if views is not None:
+            where = where & col("view").isin(list(views))
+        reader = self._reader(table, version)
+        read_version = int(reader.version)
+        try:
+            data = reader.search().where(where).limit(None).to_arrow()
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise StoreError(f"{self.uri}/{table}@{read_version}: loading {conversation_id!r} failed ({exc})") from exc
+        data = data.select([*_META_COLUMNS, "vector"]).sort_by(
+            [("owner_kind", "ascending"), ("owner_id", "ascending"), ("view", "ascending"), ("ordinal", "ascending")]
+        )
+        return ConversationVectors(
+            table=table,
+            version=read_version,
+            meta=data.select(list(_META_COLUMNS)),
+            vectors=_vector_matrix(data.column("vector"), self.dim),
+        )
+
+    def search(
+        self,
+        table: str,
+        vector: npt.NDArray[np.float32],
+        conversation_id: str,
+        k: int,
+        version: int | None = None,
+        views: Sequence[str] | None = None,
+    ) -> list[VectorHit]:
+        """The ``k`` rows of one conversation nearest to ``vector`` by cosine, best first.
+
+        The scope filter is applied before the nearest-neighbour step (prefilter), so ``k``
+        hits come from this conversation whenever it has ``k`` rows.
+        """
+        where = scope_filter(conversation_id)
+        if views is not None:
+            where = where & col("view").isin(list(views))
+        query = np.asarray(vector, dtype=np.float32)
+        if query.shape != (self.dim,):
+            raise StoreError(f"{table}: query vector shape {query.shape}, expected ({self.dim},)")
+        if k < 1:
+            return []
+        builder = self._reader(table, version).search(query, vector_column_name="vector")
+        if not isinstance(builder, LanceVectorQueryBuilder):
+            raise StoreError(f"{table}: LanceDB did not build a vector query (got {type(builder).__name__})")
+        try:
+            result = (
+                builder.distance_type("cosine")
+                .where(where, prefilter=True)
+                .select([*_META_COLUMNS, "_distance"])
+                .limit(k)
+                .to_arrow()
+            )
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise StoreError(f"{self.uri}/{table}: search in {conversation_id!r} failed ({exc})") from exc
+        rows = result.to_pylist()
+        return [
+            VectorHit(
+                row_id=r["row_id"],
+                owner_kind=r["owner_kind"],
+                owner_id=r["owner_id"],
+                view=r["view"],
+                ordinal=int(r["ordinal"]),
+                text=r["text"],
+                score=1.0 - float(r["_distance"]),
+            )
+            for r in rows
+        ]
+
+    # ---- maintenance --------------------------------------------------------------------
+
+    def ensure_scope_index(self, table: str, min_rows: int = SCOPE_INDEX_MIN_ROWS) -> bool:
+        """Create a BTREE index on conversation_id once ``table`` has ``min_rows`` rows.
+
+        Returns whether the index exists afterwards. Rows written after the index are still
+        found (Lance scans unindexed fragments); :meth:`optimize` folds them into the index.
+        """
+        name = _checked_table_name(table)
+        if name in self._indexed:
+            return True
+        handle = self._table(name, create=False)
+        if any(cfg.columns == ["conversation_id"] for cfg in handle.list_indices()):
+            self._indexed.add(name)
+            return True
+        if handle.count_rows() < min_rows:
+            return False
+        try:
+            handle.create_index("conversation_id", config=BTree())
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise StoreError(f"{self.uri}/{name}: creating the conversation_id index failed ({exc})") from exc
+        self._indexed.add(name)
+        return True
+
+    def optimize(self, table: str, keep_newer_than: timedelta = timedelta(days=7)) -> int:
+        """Compact files, update indices and delete versions older than ``keep_newer_than``.
+
+        For nightly maintenance. Versions pinned by a published snapshot must be younger than
+        ``keep_newer_than``, or their readers fail. Returns the latest version afterwards.
+        """
+        self.ensure_scope_index(table)
+        handle = self._table(table, create=False)
+        try:
+            handle.optimize(cleanup_older_than=keep_newer_than)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise StoreError(f"{self.uri}/{table}: optimize failed ({exc})") from exc
+        return int(handle.version)
+
+    def list_versions(self, table: str) -> list[int]:
+        return sorted(int(v["version"]) for v in self._table(table, create=False).list_versions())
+
+
+def _vector_matrix(column: pa.ChunkedArray, dim: int) -> npt.NDArray[np.float32]:
+    if column.num_chunks == 0 or len(column) == 0:
+        return np.zeros((0, dim), dtype=np.float32)
+    values = column.combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(values, dtype=np.float32).reshape(-1, dim)
+
+
+def _checked_table_name(table: str) -> str:
+    if not _TABLE_NAME.match(table):
+        raise StoreError(f"invalid vector table name {table!r} (letters, digits, _ and -, at most 64)")
+    return table
+
+
+def _checked_scope(conversation_id: str) -> str:
+    if not isinstance(conversation_id, str) or not conversation_id:
+        raise ScopeError(f"a vector read or write needs a conversation id, got {conversation_id!r}")
+    return conversation_id
