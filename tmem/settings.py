@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     segment_window: int = Field(16, ge=2, description="Turns per segmentation window.")
     topic_batch: int = Field(10, ge=1, description="Topic labels per matching call (paper b=10).")
     trigger_batch: int = Field(6, ge=1, description="Items per item-trigger call.")
+    scene_trigger_batch: int = Field(4, ge=1, description="Scenes per scene/horizon-trigger call.")
 
     # Cascade defaults (paper §3.4).
     k_topics: int = Field(15, ge=1)
@@ -92,3 +93,25 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment now; keyword overrides win."""
     return Settings(**overrides)  # type: ignore[arg-type]
+
+
+PREFECT_DEFAULTS: dict[str, str] = {
+    # No telemetry leaves the machine, and the local ephemeral server avoids a known
+    # "database is locked" start-up error when analytics are on.
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    # Model weights are never downloaded at run time: sentence-transformers loads local files only.
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+def apply_process_defaults() -> None:
+    """Set environment defaults for the libraries tmem drives (never overriding the user's values).
+
+    Called once by entry points (CLI, flows) before Prefect or sentence-transformers are imported.
+    """
+    import os
+
+    for key, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(key, value)

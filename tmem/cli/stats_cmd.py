@@ -12,13 +12,18 @@ def collect_stats(store: Path) -> dict[str, object]:
     """Stats of a store as one JSON-ready dict. New sections are new keys (rendered generically)."""
     from tmem.store.duck import connect, table_counts  # imported here: keeps `tmem --help` light
     from tmem.store.ingest_writer import conversation_overview
+    from tmem.store.runs import memory_counts
+    from tmem.store.snapshot import current_snapshot
 
     con = connect(store, read_only=True)
     try:
+        snapshot = current_snapshot(store)
         return {
             "store": str(store),
+            **memory_counts(con),
+            "snapshot_id": snapshot.snapshot_id if snapshot else None,
             "tables": table_counts(con),
-            "conversations": conversation_overview(con),
+            "per_conversation": conversation_overview(con),
         }
     finally:
         con.close()

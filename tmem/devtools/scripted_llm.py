@@ -363,15 +363,19 @@ def _make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def _load_synth_responders() -> bool:
-    """Import ``tmem.devtools.synth`` (which registers its responders) if it exists."""
+def _load_synth_responders() -> dict[str, Responder]:
+    """The responders of ``tmem.devtools.synth`` if it exists.
+
+    Returned explicitly rather than read from the registry: under ``python -m`` this file
+    runs as ``__main__``, a different module object from the one synth registers into.
+    """
     try:
-        importlib.import_module("tmem.devtools.synth")
+        synth = importlib.import_module("tmem.devtools.synth")
     except ModuleNotFoundError as exc:
         if exc.name != "tmem.devtools.synth":
             raise  # synth exists but one of its own imports is missing: a real error
-        return False
-    return True
+        return {}
+    return dict(synth.RESPONDERS)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -386,7 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reject-json-schema", action="store_true")
     parser.add_argument("--omit-usage", action="store_true")
     args = parser.parse_args(argv)
-    has_synth = _load_synth_responders()
+    synth_responders = _load_synth_responders()
+    for operation, fn in synth_responders.items():
+        register_responder(operation, fn)
+    has_synth = bool(synth_responders)
     server = ScriptedLLM(
         model=args.model,
         host=args.host,

@@ -1,0 +1,185 @@
+"""The construction DAG (DESIGN.md §2) as Prefect flows.
+
+``build-memory`` runs one ``build-conversation`` subflow per conversation, in parallel;
+inside one, segmentation and topic admission run in order, then item extraction, item
+triggers, scene triggers and personas fan out; the views are embedded; finally the parent
+publishes every conversation that succeeded as one new snapshot. A conversation that fails
+keeps its previous memory and is reported with the typed error that stopped it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.futures import PrefectFuture
+from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from tasks.build import (
+    admit_scene_topics,
+    derive_item_triggers,
+    derive_scene_triggers,
+    embed_views,
+    extract_topic_items,
+    segment_scenes,
+    summarize_persona,
+)
+from tasks.publish import publish_builds
+from tasks.runtime import bundle, content_cache, release, result_storage
+from tmem.build_report import BuildSummary, Failure, render_markdown
+from tmem.construct import dedupe_items
+from tmem.domain import Memory, Turn
+from tmem.errors import LLMError
+from tmem.ids import content_hash
+from tmem.prompts.base import prompt_versions
+from tmem.settings import Settings, load_settings
+from tmem.store.conversations import conversation_states, load_turns
+from tmem.store.lance import VectorRow
+from tmem.store.runs import finish_run, memory_counts, start_run
+
+
+@dataclass(frozen=True)
+class ConversationBuild:
+    memory: Memory
+    vectors: list[VectorRow]
+    watermark_turn_seq: int
+
+
+def build_fingerprint(settings: Settings, model_name: str) -> str:
+    """What makes a stage's output differ for the same input: model, prompt versions, knobs."""
+    return content_hash(
+        model_name, prompt_versions(), settings.embedding_model, settings.segment_window, settings.topic_batch,
+        settings.trigger_batch, settings.scene_trigger_batch,
+    )
+
+
+def _batches(seq: list[Any], size: int) -> list[list[Any]]:
+    return [seq[i : i + size] for i in range(0, len(seq), size)]
+
+
+def _configured(store: str, t: Any) -> Any:
+    return t.with_options(cache_policy=content_cache(store), result_storage=result_storage(store), persist_result=True)
+
+
+@flow(name="build-conversation", flow_run_name="build-conversation/{conversation_id}", log_prints=False)
+def build_conversation(store: str, run_id: str, conversation_id: str, fingerprint: str) -> ConversationBuild:
+    b = bundle(store, run_id)
+    cur = b.con.cursor()
+    try:
+        turns: tuple[Turn, ...] = load_turns(cur, conversation_id)
+    finally:
+        cur.close()
+    if not turns:
+        raise LLMError("load-turns", conversation_id, "conversation has no turns")
+    c = {name: _configured(store, t) for name, t in {
+        "segment": segment_scenes, "topics": admit_scene_topics, "items": extract_topic_items,
+        "item_triggers": derive_item_triggers, "scene_triggers": derive_scene_triggers,
+        "persona": summarize_persona, "embed": embed_views,
+    }.items()}
+    speakers = sorted({t.speaker for t in turns})
+    persona_futs: list[PrefectFuture[Any]] = [
+        c["persona"].submit(store, run_id, conversation_id, spk, [t for t in turns if t.speaker == spk], fingerprint)
+        for spk in speakers
+    ]
+    scenes = c["segment"](store, run_id, conversation_id, turns, fingerprint)
+    by_id = {t.turn_id: t for t in turns}
+    scene_trig_futs = [
+        c["scene_triggers"].submit(
+            store, run_id, conversation_id, n, batch, [by_id[t] for s in batch for t in s.turn_ids], fingerprint
+        )
+        for n, batch in enumerate(_batches(scenes, b.settings.scene_trigger_batch))
+    ]
+    topics = c["topics"](store, run_id, conversation_id, scenes, fingerprint)
+    scene_by_id = {s.scene_id: s for s in scenes}
+    item_futs = []
+    for topic in topics:
+        members = [scene_by_id[sid] for sid in topic.scene_ids]
+        member_turns = [by_id[t] for s in members for t in s.turn_ids]
+        item_futs.append(c["items"].submit(store, run_id, conversation_id, topic, members, member_turns, fingerprint))
+    items = dedupe_items(f.result() for f in item_futs)
+    item_trig_futs = [
+        c["item_triggers"].submit(store, run_id, conversation_id, n, batch, fingerprint)
+        for n, batch in enumerate(_batches(items, b.settings.trigger_batch))
+    ]
+    memory = Memory(
+        conversation_id=conversation_id,
+        scenes=tuple(scenes),
+        topics=tuple(topics),
+        items=tuple(items),
+        item_triggers=tuple(t for f in item_trig_futs for t in f.result()),
+        scene_triggers=tuple(t for f in scene_trig_futs for t in f.result()),
+        personas=tuple(f.result() for f in persona_futs),
+    )
+    vectors = c["embed"](store, run_id, memory, turns, fingerprint)
+    return ConversationBuild(memory=memory, vectors=vectors, watermark_turn_seq=max(t.seq for t in turns))
+
+
+@task(name="build-conversation", task_run_name="conversation/{conversation_id}")
+def build_conversation_task(store: str, run_id: str, conversation_id: str, fingerprint: str) -> ConversationBuild:
+    return build_conversation(store, run_id, conversation_id, fingerprint)
+
+
+def _exception_of(state: Any) -> BaseException:
+    """The exception a failed or crashed state carries (Prefect returns it instead of raising)."""
+    found = state.result(raise_on_failure=False)
+    if isinstance(found, BaseException):
+        return found
+    return RuntimeError(f"conversation build ended in state {state.type.value}: {state.message}")
+
+
+def _failure(conversation_id: str, exc: BaseException) -> Failure:
+    if isinstance(exc, LLMError):
+        return Failure(conversation_id, type(exc).__name__, str(exc), exc.operation, exc.input_ref)
+    return Failure(conversation_id, type(exc).__name__, str(exc))
+
+
+@flow(name="build-memory", flow_run_name="build-memory/{label}", task_runner=ThreadPoolTaskRunner(max_workers=16))  # type: ignore[arg-type]
+def build_memory(
+    store: str, conversation_ids: list[str] | None = None, only_changed: bool = False, label: str = "all"
+) -> dict[str, Any]:
+    """Build (or rebuild) the memory of the given conversations (default: all) and publish a snapshot."""
+    started = time.perf_counter()
+    settings = load_settings(store=Path(store))
+    run_id = str(flow_run.get_id() or uuid.uuid4())
+    b = bundle(store, run_id)
+    try:
+        states = conversation_states(b.con, conversation_ids)
+        if only_changed:
+            states = [s for s in states if s.changed]
+        ids = [s.conversation_id for s in states]
+        start_run(b.con, run_id, {"store": store, "conversation_ids": ids, "only_changed": only_changed},
+                  datetime.now(UTC))
+        fingerprint = build_fingerprint(settings, b.chat.model_name)
+        futures = {cid: build_conversation_task.submit(store, run_id, cid, fingerprint) for cid in ids}
+        builds: dict[str, ConversationBuild] = {}
+        failures: list[Failure] = []
+        for cid, fut in futures.items():
+            fut.wait()
+            state = fut.state
+            if state.is_completed():
+                builds[cid] = state.result()
+            else:
+                failures.append(_failure(cid, _exception_of(state)))
+        snapshot_id = publish_builds(store, run_id, builds) if builds else None
+        usage = b.usage()
+        counts = memory_counts(b.con)
+        status = "completed" if not failures else ("partial" if builds else "failed")
+        summary = BuildSummary(
+            run_id=run_id, status=status, conversations_requested=ids, conversations_built=sorted(builds),
+            failures=failures, counts={k: v for k, v in counts.items() if not k.startswith("llm_")}, usage=usage,
+            snapshot_id=snapshot_id, seconds=time.perf_counter() - started,
+        )
+        finish_run(b.con, run_id, status=status, counts=summary.counts, usage=summary.usage_totals(),
+                   failures=[f.__dict__ for f in failures], snapshot_id=snapshot_id, at=datetime.now(UTC))
+        create_markdown_artifact(markdown=render_markdown(summary), key="tmem-build-report",
+                                 description=f"tmem build {run_id}: {status}")
+        return summary.to_json()
+    finally:
+        release(store, run_id)

@@ -1,0 +1,116 @@
+"""The summary of one build run: figures for the CLI, DuckDB and the Prefect artifact."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tmem.providers.llm_ledger import OperationUsage
+
+
+@dataclass(frozen=True)
+class Failure:
+    conversation_id: str
+    error_type: str
+    message: str
+    operation: str | None = None
+    input_ref: str | None = None
+
+
+@dataclass(frozen=True)
+class BuildSummary:
+    run_id: str
+    status: str  # completed | partial | failed
+    conversations_requested: list[str]
+    conversations_built: list[str]
+    failures: list[Failure]
+    counts: dict[str, int]
+    usage: dict[str, OperationUsage]
+    snapshot_id: str | None
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def llm_calls(self) -> int:
+        return sum(u.calls - u.cache_hits for u in self.usage.values())
+
+    @property
+    def llm_cache_hits(self) -> int:
+        return sum(u.cache_hits for u in self.usage.values())
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(u.prompt_tokens for u in self.usage.values())
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(u.completion_tokens for u in self.usage.values())
+
+    def usage_totals(self) -> dict[str, int]:
+        return {
+            "llm_calls": self.llm_calls,
+            "llm_cache_hits": self.llm_cache_hits,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """The object `tmem build --json` prints: store counts plus this run's usage."""
+        out: dict[str, Any] = dict(self.counts)
+        out.update(self.usage_totals())
+        out.update(
+            run_id=self.run_id,
+            status=self.status,
+            snapshot_id=self.snapshot_id,
+            conversations_built=self.conversations_built,
+            failures=[asdict(f) for f in self.failures],
+            seconds=round(self.seconds, 3),
+            usage_by_operation={
+                op: {"calls": u.calls - u.cache_hits, "cache_hits": u.cache_hits, "prompt_tokens": u.prompt_tokens,
+                     "completion_tokens": u.completion_tokens}
+                for op, u in self.usage.items()
+            },
+        )
+        return out
+
+
+def render_markdown(summary: BuildSummary) -> str:
+    """The build report published as a Prefect markdown artifact."""
+    lines = [
+        f"# tmem build `{summary.run_id}`",
+        "",
+        f"**Status:** {summary.status} · **snapshot:** `{summary.snapshot_id or 'not published'}` · "
+        f"**wall time:** {summary.seconds:.1f} s",
+        "",
+        f"Conversations built: {len(summary.conversations_built)} of {len(summary.conversations_requested)}",
+        "",
+        "## Memory (whole store after publish)",
+        "",
+        "| figure | count |",
+        "|---|---:|",
+        *[f"| {k} | {v} |" for k, v in summary.counts.items()],
+        "",
+        "## LLM usage of this run",
+        "",
+        "| operation | calls | cache hits | prompt tokens | completion tokens | mean latency ms |",
+        "|---|---:|---:|---:|---:|---:|",
+        *[
+            f"| {op} | {u.calls - u.cache_hits} | {u.cache_hits} | {u.prompt_tokens} | {u.completion_tokens} | "
+            f"{u.mean_latency_ms:.0f} |"
+            for op, u in summary.usage.items()
+        ],
+        f"| **total** | {summary.llm_calls} | {summary.llm_cache_hits} | {summary.prompt_tokens} | "
+        f"{summary.completion_tokens} | |",
+        "",
+        "## Failures",
+        "",
+    ]
+    if not summary.failures:
+        lines.append("None.")
+    else:
+        lines += ["| conversation | error | operation | message |", "|---|---|---|---|"]
+        lines += [
+            f"| {f.conversation_id} | {f.error_type} | {f.operation or ''} | {f.message.replace('|', '/')[:300]} |"
+            for f in summary.failures
+        ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,23 @@
+"""Embedding a conversation's views into vector rows (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tmem.domain import Memory, Turn
+from tmem.index.views import memory_views
+from tmem.providers.base import Embedder
+from tmem.store.lance import VectorRow
+
+
+def embed_memory_views(memory: Memory, turns_by_id: Mapping[str, Turn], embedder: Embedder) -> list[VectorRow]:
+    """One L2-normalised vector per view text, in :func:`memory_views` order."""
+    views = memory_views(memory, turns_by_id)
+    matrix = embedder.embed([v.text for v in views])
+    return [
+        VectorRow(
+            conversation_id=memory.conversation_id, owner_kind=v.owner_kind, owner_id=v.owner_id, view=v.view,
+            ordinal=v.ordinal, text=v.text, vector=matrix[n],
+        )
+        for n, v in enumerate(views)
+    ]
