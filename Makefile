@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 lint: install
-	$(VENV)/bin/ruff check tmem flows tasks tests bench
+	$(VENV)/bin/ruff check tmem flows tasks tests bench deployments
 	$(VENV)/bin/mypy
 
 test: lint

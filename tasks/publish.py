@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect import task
@@ -31,6 +32,6 @@ def publish_builds(store: str, run_id: str, builds: dict[str, ConversationBuild]
         build = builds[cid]
         build_id = content_hash(build.memory.model_dump(mode="json"))[:16]
         record_memory_build(b.con, cid, build_id, run_id, build.watermark_turn_seq, now)
-    info = publish_snapshot(b.con, b.settings.store, lance_uri=lance_uri(b.settings),
+    info = publish_snapshot(b.con, b.settings.store, lance_uri=str(Path(lance_uri(b.settings)).resolve()),
                             lance_versions={VECTOR_TABLE: version}, now=now)
     return info.snapshot_id

@@ -73,3 +73,17 @@ def chat_config() -> Callable[..., ChatConfig]:
         return ChatConfig(**knobs)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One temporary Prefect API (SQLite) for the whole session; Prefect's home in a temp dir."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFECT_HOME", str(home))
+        mp.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        mp.setenv("DO_NOT_TRACK", "1")
+        from prefect.testing.utilities import prefect_test_harness
+
+        with prefect_test_harness(server_startup_timeout=90):
+            yield

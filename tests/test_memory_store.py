@@ -106,3 +106,20 @@ def test_missing_manifest_is_a_store_error(tmp_path: Path) -> None:
     (tmp_path / "CURRENT").write_text("nope")
     with pytest.raises(StoreError, match="nope"):
         current_snapshot(tmp_path)
+
+
+def test_typed_errors_survive_pickling() -> None:
+    import pickle
+
+    from tmem.errors import IngestError, ValidationFailure
+    from tmem.providers.chat import LLMRequestRejectedError
+
+    for err in (
+        ValidationFailure("item_extract", "conv-1 topic t", "unknown scene S9", raw_output="{}"),
+        IngestError("a.jsonl", "line 3", "unknown speaker 'Eve'"),
+        LLMRequestRejectedError("persona", "conv-1 Ann", "HTTP 400", 400),
+    ):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err)
+        assert str(back) == str(err)
+        assert back.__dict__ == err.__dict__

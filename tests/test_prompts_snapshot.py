@@ -20,6 +20,7 @@ from pydantic import BaseModel
 import tmem.prompts
 from tests.fakes import dialogue
 from tmem.prompts import (
+    answer,
     item_extract,
     item_triggers,
     persona,
@@ -120,6 +121,14 @@ CASES: dict[str, Prompt[Any]] = {
             speaker="Ana",
             persona_so_far=DRAFT,
             turns=dialogue_blocks([t for t in TURNS if t.speaker == "Ana"], with_speaker=False, with_session=False),
+        )
+    ),
+    answer.OPERATION: answer.build(
+        answer.AnswerInput(
+            conversation_id="conv-snap",
+            question="When did Ana adopt Biscuit?",
+            question_date="2023-06-01 Thu 10:00",
+            context="## Facts\n- [7 May 2023] Ana adopted a puppy named Biscuit.",
         )
     ),
 }

@@ -16,6 +16,10 @@ class IngestError(TmemError):
         self.reason = reason
         super().__init__(f"{path}: {record}: {reason}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        # Picklable with its fields, so the typed error survives a process boundary (Dask, Prefect results).
+        return (type(self), (self.path, self.record, self.reason))
+
 
 class StoreError(TmemError):
     """The store is missing, locked, or inconsistent."""
@@ -30,6 +34,9 @@ class LLMError(TmemError):
         self.reason = reason
         self.raw_output = raw_output
         super().__init__(f"LLM operation {operation!r} on {input_ref}: {reason}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str | None]]:
+        return (type(self), (self.operation, self.input_ref, self.reason, self.raw_output))
 
 
 class LLMTransportError(LLMError):

@@ -53,6 +53,9 @@ class LLMRequestRejectedError(LLMError):
         self.status_code = status_code
         super().__init__(operation, input_ref, reason)
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, int]]:  # type: ignore[override]
+        return (type(self), (self.operation, self.input_ref, self.reason, self.status_code))
+
 
 @dataclass(frozen=True)
 class ChatConfig:

@@ -1,0 +1,47 @@
+"""``tmem serve [--host 127.0.0.1] [--port 8000] [--store DIR]``: the HTTP query service.
+
+Serves ``/health``, ``/search`` and ``/answer`` (OpenAPI at ``/docs`` and ``/openapi.json``)
+over the store's published snapshot, switching to a newer snapshot without a restart. Set
+``TMEM_API_KEY`` to require ``Authorization: Bearer <key>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tmem.cli.base import CliContext, Command, add_store_option, resolve_store
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    import uvicorn  # imported here: keeps `tmem --help` light
+
+    from tmem.query.service import create_app
+
+    app = create_app(resolve_store(args, ctx), ctx.settings(), refresh_ms=args.refresh_ms)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    return 0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    add_store_option(parser)
+    parser.add_argument("--refresh-ms", type=int, default=500, metavar="MS",
+                        help="check for a newer published snapshot at most this often (default 500)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                        help="log every request (default on)")
+
+
+COMMAND = Command(
+    name="serve",
+    help="serve /search, /answer and /health over HTTP",
+    description=(
+        "Run the query service on the store's published memory. A newer snapshot is picked up without "
+        "restarting; every response names the snapshot it came from."
+    ),
+    configure=configure,
+    run=run,
+)

@@ -1,0 +1,372 @@
+"""The Python API of the query side: ``Memory.open(store).search(query, conversation_id=...)``.
+
+A :class:`Memory` follows the store's published snapshot. Every call pins the current snapshot
+once (:meth:`Memory.snapshot`) and does all its work on it, so one query never mixes two
+snapshots; a newer snapshot is picked up without restarting, by re-reading the tiny ``CURRENT``
+pointer at most every ``refresh_ms`` milliseconds.
+
+Scope is mandatory: every call names one conversation, which must be one the snapshot holds
+memory for (exact string match, whatever characters the id contains); anything else raises
+:class:`~tmem.errors.ScopeError`. The query embedder and the answer model are created lazily,
+on the first call that needs them, so a lexical query never imports torch or openai.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from tmem.bundle import VECTOR_TABLE
+from tmem.errors import ScopeError, StoreError
+from tmem.prompts import answer as answer_prompt
+from tmem.prompts.common import when
+from tmem.providers.base import ChatModel, Embedder
+from tmem.query.loader import CacheStats, IndexCache
+from tmem.retrieval.cascade import ScoredItem, ScoredScene, SearchResult, search
+from tmem.retrieval.config import RetrievalConfig, config_from_settings
+from tmem.retrieval.context import FormattedContext, format_context
+from tmem.retrieval.index import ConversationIndex
+from tmem.settings import Settings, load_settings
+from tmem.store.snapshot import CURRENT, SnapshotInfo, current_snapshot
+from tmem.store.snapshot_reader import SnapshotConversation, SnapshotReader
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REFRESH_MS = 500
+ANSWER_RUN_ID = "query"
+
+
+class NoSnapshotError(StoreError):
+    """The store has no published snapshot yet (nothing was built)."""
+
+
+@dataclass(frozen=True)
+class QueryContext:
+    """A search and the QA context rendered from it."""
+
+    snapshot_id: str
+    result: SearchResult
+    context: FormattedContext
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The answer-role model's short answer, with everything it was given."""
+
+    question: str
+    answer: str
+    conversation_id: str
+    snapshot_id: str
+    model: str
+    context: FormattedContext  # the text sent and its token report
+    result: SearchResult  # recalled scenes and items (with the channels that reached them), personas
+
+    @property
+    def scenes(self) -> tuple[ScoredScene, ...]:
+        return self.result.scenes
+
+    @property
+    def items(self) -> tuple[ScoredItem, ...]:
+        return self.result.items
+
+
+class MemorySnapshot:
+    """One published snapshot, pinned: every method reads this snapshot and no other."""
+
+    def __init__(self, owner: Memory, info: SnapshotInfo) -> None:
+        self._owner = owner
+        self.info = info
+        self.reader = SnapshotReader(info, owner.store, VECTOR_TABLE)
+
+    @property
+    def snapshot_id(self) -> str:
+        return self.info.snapshot_id
+
+    def has_conversation(self, conversation_id: str) -> bool:
+        return isinstance(conversation_id, str) and conversation_id in self.info.conversations
+
+    def conversations(self) -> tuple[SnapshotConversation, ...]:
+        return self.reader.list_conversations()
+
+    def index(self, conversation_id: str, *, vectors: bool = True) -> ConversationIndex:
+        """The loaded (cached) index of one conversation of this snapshot."""
+        if not isinstance(conversation_id, str) or not conversation_id:
+            raise ScopeError(f"a query needs a conversation id, got {conversation_id!r}")
+        if conversation_id not in self.info.conversations:
+            raise ScopeError(f"unknown conversation {conversation_id!r}: snapshot {self.snapshot_id} holds no memory for it")
+        return self._owner.cache.get(self.reader, conversation_id, vectors=vectors)
+
+    def search(
+        self,
+        query: str,
+        *,
+        conversation_id: str,
+        speaker: str | None = None,
+        preset: str = "default",
+        trace: bool = False,
+        query_vector: npt.ArrayLike | None = None,
+        embed: bool = True,
+    ) -> SearchResult:
+        """Run the cascade over one conversation. The query is embedded (lazily loading the
+        embedder) unless ``query_vector`` is given or ``embed=False`` (lexical only)."""
+        config = self._owner.config(preset)
+        index = self.index(conversation_id, vectors=embed or query_vector is not None)
+        vector = query_vector
+        if vector is None and embed and index.dim > 0:
+            vector = self._owner.embed_query(query)
+        return search(index, query, vector, config, speaker=speaker, trace=trace)
+
+    def context(
+        self,
+        query: str,
+        *,
+        conversation_id: str,
+        speaker: str | None = None,
+        preset: str = "default",
+        budget_tokens: int | None = None,
+        trace: bool = False,
+        query_vector: npt.ArrayLike | None = None,
+        embed: bool = True,
+    ) -> QueryContext:
+        """Search, then render the QA context under ``budget_tokens`` (default: settings)."""
+        result = self.search(
+            query, conversation_id=conversation_id, speaker=speaker, preset=preset, trace=trace,
+            query_vector=query_vector, embed=embed,
+        )
+        budget = self._owner.settings.context_token_budget if budget_tokens is None else budget_tokens
+        return QueryContext(self.snapshot_id, result, format_context(result, budget))
+
+    def answer(
+        self,
+        question: str,
+        *,
+        conversation_id: str,
+        speaker: str | None = None,
+        preset: str = "default",
+        question_date: datetime | None = None,
+        budget_tokens: int | None = None,
+        trace: bool = False,
+        query_vector: npt.ArrayLike | None = None,
+        embed: bool = True,
+    ) -> Answer:
+        """Recall, render the context, and ask the answer-role model for a short answer."""
+        recalled = self.context(
+            question, conversation_id=conversation_id, speaker=speaker, preset=preset, budget_tokens=budget_tokens,
+            trace=trace, query_vector=query_vector, embed=embed,
+        )
+        chat = self._owner.chat_model()
+        prompt = answer_prompt.build(
+            answer_prompt.AnswerInput(
+                conversation_id=conversation_id,
+                question=question,
+                question_date=when(question_date) if question_date is not None else None,
+                context=recalled.context.text,
+            )
+        )
+        response = chat.complete(prompt)
+        return Answer(
+            question=question,
+            answer=response.answer.strip(),
+            conversation_id=conversation_id,
+            snapshot_id=self.snapshot_id,
+            model=chat.model_name,
+            context=recalled.context,
+            result=recalled.result,
+        )
+
+
+class Memory:
+    """The query side of one store. Thread-safe; share one instance per process."""
+
+    def __init__(
+        self,
+        store: Path,
+        settings: Settings,
+        *,
+        embedder: Embedder | None = None,
+        chat: ChatModel | None = None,
+        refresh_ms: int = DEFAULT_REFRESH_MS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = Path(store)
+        self.settings = settings
+        self.refresh_s = max(refresh_ms, 0) / 1000.0
+        self.cache = IndexCache(settings.query_cache_size)
+        self._clock = clock
+        self._embedder = embedder
+        self._chat = chat
+        self._lazy_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
+        self._configs: dict[str, RetrievalConfig] = {}
+        self._pinned: MemorySnapshot | None = None
+        self._checked_at = float("-inf")
+        self._pointer: str | None = None
+        self.refresh(force=True)
+
+    @classmethod
+    def open(
+        cls,
+        store: Path | str,
+        settings: Settings | None = None,
+        *,
+        embedder: Embedder | None = None,
+        chat: ChatModel | None = None,
+        refresh_ms: int = DEFAULT_REFRESH_MS,
+    ) -> Memory:
+        """Open the query side of ``store``. A store with nothing published yet opens (queries
+        then raise :class:`NoSnapshotError` until a build publishes); a missing directory is a
+        :class:`~tmem.errors.StoreError`. ``embedder``/``chat`` replace the configured ones."""
+        path = Path(store)
+        if not path.is_dir():
+            raise StoreError(f"{path}: no tmem store here (not a directory)")
+        return cls(path, settings or load_settings(store=path), embedder=embedder, chat=chat, refresh_ms=refresh_ms)
+
+    # ---- snapshots ---------------------------------------------------------------------
+
+    @property
+    def snapshot_id(self) -> str | None:
+        pinned = self.current()
+        return pinned.snapshot_id if pinned is not None else None
+
+    def snapshot(self) -> MemorySnapshot:
+        """Pin the current snapshot (switching to a newer one when due)."""
+        pinned = self.current()
+        if pinned is None:
+            raise NoSnapshotError(f"{self.store}: nothing published yet; build the memory first (no {CURRENT})")
+        return pinned
+
+    def current(self) -> MemorySnapshot | None:
+        """The current snapshot pinned (switching to a newer one when due), or ``None`` before the
+        first publish."""
+        if self._clock() - self._checked_at >= self.refresh_s:
+            self.refresh()
+        return self._pinned
+
+    def refresh(self, *, force: bool = False) -> bool:
+        """Re-read the ``CURRENT`` pointer and switch when it names another snapshot; returns
+        whether it switched. A pointer that cannot be followed keeps the last good snapshot."""
+        with self._refresh_lock:
+            now = self._clock()
+            if not force and now - self._checked_at < self.refresh_s:
+                return False
+            self._checked_at = now
+            try:
+                pointer = (self.store / CURRENT).read_text().strip()
+            except FileNotFoundError:
+                return False
+            if pointer == self._pointer:
+                return False
+            try:
+                info = current_snapshot(self.store)
+            except StoreError:
+                log.exception("store %s: cannot follow %s=%r; keeping snapshot %s", self.store, CURRENT, pointer, self._pointer)
+                return False
+            if info is None or (self._pinned is not None and info.snapshot_id == self._pinned.snapshot_id):
+                self._pointer = pointer
+                return False
+            retired = self._pinned
+            self._pinned = MemorySnapshot(self, info)  # one reference swap: readers see old or new
+            self._pointer = pointer
+        if retired is not None:
+            retired.reader.retire()
+        evicted = self.cache.evict_snapshots_except(info.snapshot_id)
+        log.info("store %s: now serving snapshot %s (%d cached indexes dropped)", self.store, info.snapshot_id, evicted)
+        return True
+
+    # ---- lazily built dependencies -------------------------------------------------------
+
+    def config(self, preset: str) -> RetrievalConfig:
+        """The named preset with the settings' budgets (raises UnknownPresetError)."""
+        config = self._configs.get(preset)
+        if config is None:
+            config = config_from_settings(self.settings, preset)
+            with self._lazy_lock:
+                if len(self._configs) < 256:  # names are user input: keep the memo bounded
+                    self._configs[preset] = config
+        return config
+
+    def embedder(self) -> Embedder:
+        with self._lazy_lock:
+            if self._embedder is None:
+                from tmem.bundle import embedder_for
+
+                self._embedder = embedder_for(self.settings, None)
+            return self._embedder
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        return self.embedder().embed([text])[0]
+
+    def chat_model(self) -> ChatModel:
+        with self._lazy_lock:
+            if self._chat is None:
+                from tmem.bundle import chat_model_for
+
+                self._chat = chat_model_for(self.settings, "answer", None, run_id=ANSWER_RUN_ID)
+            return self._chat
+
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats()
+
+    # ---- the API, on the current snapshot ------------------------------------------------
+
+    def conversations(self) -> tuple[SnapshotConversation, ...]:
+        return self.snapshot().conversations()
+
+    def search(
+        self,
+        query: str,
+        *,
+        conversation_id: str,
+        speaker: str | None = None,
+        preset: str = "default",
+        trace: bool = False,
+        query_vector: npt.ArrayLike | None = None,
+        embed: bool = True,
+    ) -> SearchResult:
+        return self.snapshot().search(
+            query, conversation_id=conversation_id, speaker=speaker, preset=preset, trace=trace,
+            query_vector=query_vector, embed=embed,
+        )
+
+    def context(
+        self,
+        query: str,
+        *,
+        conversation_id: str,
+        speaker: str | None = None,
+        preset: str = "default",
+        budget_tokens: int | None = None,
+        trace: bool = False,
+        query_vector: npt.ArrayLike | None = None,
+        embed: bool = True,
+    ) -> QueryContext:
+        return self.snapshot().context(
+            query, conversation_id=conversation_id, speaker=speaker, preset=preset, budget_tokens=budget_tokens,
+            trace=trace, query_vector=query_vector, embed=embed,
+        )
+
+    def answer(
+        self,
+        question: str,
+        *,
+        conversation_id: str,
+        speaker: str | None = None,
+        preset: str = "default",
+        question_date: datetime | None = None,
+        budget_tokens: int | None = None,
+        trace: bool = False,
+        query_vector: npt.ArrayLike | None = None,
+        embed: bool = True,
+    ) -> Answer:
+        return self.snapshot().answer(
+            question, conversation_id=conversation_id, speaker=speaker, preset=preset, question_date=question_date,
+            budget_tokens=budget_tokens, trace=trace, query_vector=query_vector, embed=embed,
+        )

@@ -1,0 +1,208 @@
+"""Reading conversations back from one published snapshot (the query side's only store access).
+
+A snapshot's DuckDB file is immutable, so a :class:`SnapshotReader` keeps one read-only
+connection to it and gives each read its own cursor (DuckDB cursors are independent connections
+to the same database, safe to use from different threads). Every read is scoped to one
+conversation with ``?`` parameters; vector rows come from LanceDB at the version the snapshot
+pins, through the typed scope filter of :class:`~tmem.store.lance.VectorStore`. The vector
+width is read from the Lance table's schema, so the store describes itself.
+
+Opening the DuckDB file costs ~15-25 ms and LanceDB ~1.5 s to import, so both happen on first
+use only; a lexical-only reader never imports LanceDB.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import duckdb
+
+from tmem.domain import Memory, Turn
+from tmem.errors import ScopeError, StoreError
+from tmem.store.conversations import load_turns
+from tmem.store.memory_rows import read_memory
+from tmem.store.snapshot import SnapshotInfo
+
+if TYPE_CHECKING:
+    from tmem.store.lance import ConversationVectors, VectorStore
+
+
+@dataclass(frozen=True)
+class SnapshotConversation:
+    """A conversation whose memory a snapshot holds."""
+
+    conversation_id: str
+    build_id: str
+    built_at: datetime | None
+    speakers: tuple[str, ...]
+    turns: int
+
+
+def resolve_lance_uri(info: SnapshotInfo, store: Path) -> str:
+    """The snapshot's Lance URI; a relative path is taken relative to the store, else to the cwd."""
+    uri = info.lance_uri
+    if "://" in uri or Path(uri).is_absolute():
+        return uri
+    under_store = Path(store) / uri
+    if under_store.exists() or not Path(uri).exists():
+        return str(under_store)
+    return str(Path(uri).resolve())
+
+
+class SnapshotReader:
+    """Read access to one snapshot. Thread-safe; :meth:`retire` it when a newer snapshot is
+    current (its file is closed once idle; a query still pinned to it reopens and finishes)."""
+
+    def __init__(self, info: SnapshotInfo, store: Path, vector_table: str = "vectors") -> None:
+        self.info = info
+        self.store = Path(store)
+        self.vector_table = vector_table
+        self._lock = threading.Lock()
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._vectors: VectorStore | None = None
+        self._vectors_resolved = False
+        self._inflight = 0
+        self._retired = False
+
+    # ---- DuckDB ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self._lock:
+            if self._con is None:
+                path = self.info.memory_db
+                if not path.is_file():
+                    raise StoreError(f"snapshot {self.info.snapshot_id!r}: {path} is missing (pruned while in use?)")
+                try:
+                    self._con = duckdb.connect(str(path), read_only=True)
+                except duckdb.Error as exc:
+                    raise StoreError(f"snapshot {self.info.snapshot_id!r}: cannot open {path} read-only ({exc})") from exc
+            cursor = self._con.cursor()
+            self._inflight += 1
+        try:
+            cursor.execute("SET TimeZone = 'UTC'")
+            yield cursor
+        except duckdb.Error as exc:
+            raise StoreError(f"snapshot {self.info.snapshot_id!r}: read failed ({exc})") from exc
+        finally:
+            cursor.close()
+            with self._lock:
+                self._inflight -= 1
+                idle = self._retired and self._inflight == 0
+            if idle:
+                self._close_connection()
+
+    def read_conversation(self, conversation_id: str) -> tuple[Memory, tuple[Turn, ...]]:
+        """The memory and turns of one conversation. :class:`ScopeError` when the snapshot holds
+        no memory for it (exact match on the id, whatever characters it contains)."""
+        self._check_scope(conversation_id)
+        with self._cursor() as cursor:
+            return read_memory(cursor, conversation_id), load_turns(cursor, conversation_id)
+
+    def _check_scope(self, conversation_id: str) -> None:
+        if not isinstance(conversation_id, str) or conversation_id not in self.info.conversations:
+            raise ScopeError(f"snapshot {self.info.snapshot_id!r} holds no memory for conversation {conversation_id!r}")
+
+    def list_conversations(self) -> tuple[SnapshotConversation, ...]:
+        """Every conversation with published memory, ordered by id."""
+        with self._cursor() as cursor:
+            rows = cursor.execute(
+                "SELECT b.conversation_id, b.build_id, b.built_at, c.speakers, "
+                "(SELECT count(*) FROM turns t WHERE t.conversation_id = b.conversation_id) "
+                "FROM memory_builds b LEFT JOIN conversations c USING (conversation_id) ORDER BY b.conversation_id"
+            ).fetchall()
+        return tuple(
+            SnapshotConversation(
+                conversation_id=r[0], build_id=r[1], built_at=r[2], speakers=tuple(r[3] or ()), turns=int(r[4])
+            )
+            for r in rows
+        )
+
+    # ---- LanceDB ---------------------------------------------------------------------------
+
+    @property
+    def vector_version(self) -> int | None:
+        version = self.info.lance_versions.get(self.vector_table)
+        return version if version is not None and version >= 1 else None
+
+    def _vector_store(self) -> VectorStore | None:
+        with self._lock:
+            if not self._vectors_resolved:
+                version = self.vector_version
+                if version is not None:
+                    from tmem.store.lance import VectorStore  # lancedb costs ~1.5 s to import
+
+                    uri = resolve_lance_uri(self.info, self.store)
+                    dim = _vector_dim(uri, self.vector_table, version)
+                    self._vectors = VectorStore(uri, dim) if dim is not None else None
+                self._vectors_resolved = True
+            return self._vectors
+
+    def read_vectors(self, conversation_id: str) -> ConversationVectors | None:
+        """The conversation's vector rows at the pinned version; ``None`` when the snapshot pins
+        no vector table. Raises :class:`StoreError` if a row of another conversation came back."""
+        self._check_scope(conversation_id)
+        store = self._vector_store()
+        version = self.vector_version
+        if store is None or version is None:
+            return None
+        rows = store.load_conversation(self.vector_table, conversation_id, version=version)
+        owners = set(rows.meta.column("conversation_id").to_pylist())
+        if owners - {conversation_id}:  # the typed filter makes this impossible; checked anyway
+            raise StoreError(
+                f"{store.uri}/{self.vector_table}@{version}: rows of other conversations returned for {conversation_id!r}"
+            )
+        return rows
+
+    @property
+    def retired(self) -> bool:
+        return self._retired
+
+    def retire(self) -> None:
+        """The snapshot is no longer current: close the file once no read is using it (a later
+        read reopens it and closes it again when done)."""
+        with self._lock:
+            self._retired = True
+            idle = self._inflight == 0
+        if idle:
+            self._close_connection()
+
+    def _close_connection(self) -> None:
+        with self._lock:
+            if self._inflight:
+                return
+            con, self._con = self._con, None
+        if con is not None:
+            con.close()
+
+
+def _vector_dim(uri: str, table: str, version: int) -> int | None:
+    """The vector width of ``table`` at ``version``; ``None`` when the table does not exist."""
+    import lancedb
+    import pyarrow as pa
+
+    try:
+        db = lancedb.connect(uri)
+        names: set[str] = set()
+        page: str | None = None
+        while True:
+            response = db.list_tables(page_token=page)
+            names.update(response.tables)
+            page = response.page_token
+            if not page:
+                break
+        if table not in names:
+            return None
+        schema = db.open_table(table, version=version).schema
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise StoreError(f"{uri}/{table}@{version}: cannot read the vector schema ({exc})") from exc
+    vector_type = schema.field("vector").type
+    if not pa.types.is_fixed_size_list(vector_type):
+        raise StoreError(f"{uri}/{table}@{version}: vector column is {vector_type}, not a fixed-size list")
+    return int(vector_type.list_size)
