@@ -424,3 +424,18 @@ def test_concurrent_calls_share_cache_and_ledger(
     assert len(server.requests) == len(texts)
     assert cache.count() == len(texts)
     con.close()
+
+
+def test_endpoint_reachable_tells_a_live_server_from_a_closed_port(scripted_llm, chat_config) -> None:
+    import socket
+
+    from pydantic import SecretStr
+
+    from tmem.providers.chat import endpoint_reachable
+
+    assert endpoint_reachable(chat_config(scripted_llm), timeout_s=2.0)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    closed = ChatConfig(base_url=f"http://127.0.0.1:{closed_port}/v1", api_key=SecretStr("k"), model="m")
+    assert not endpoint_reachable(closed, timeout_s=2.0)

@@ -363,7 +363,25 @@ def persona(operation: str, request_json: dict[str, Any]) -> str:
     )
 
 
+def answer(operation: str, request_json: dict[str, Any]) -> str:
+    """Extractive stand-in for a QA model: the first words of the context line sharing most words
+    with the question (ties: the earlier line). Deterministic; it proves the plumbing, not QA skill."""
+    data = request_input(request_json)
+    question = set(content_words(str(data.get("question", "")).lower()))
+    best, best_overlap = "", 0
+    for line in str(data.get("context", "")).splitlines():
+        text = line.strip().lstrip("-").strip()
+        if not text or text.startswith("#"):
+            continue
+        overlap = len(question & set(content_words(text.lower())))
+        if overlap > best_overlap:
+            best, best_overlap = text, overlap
+    words = best.split()
+    return json.dumps({"answer": " ".join(words[:12]) if words else "Not mentioned"})
+
+
 RESPONDERS: dict[str, Responder] = {
+    "answer": answer,
     "scene_boundaries": scene_boundaries,
     "scene_pack": scene_pack,
     "topic_create": topic_create,

@@ -320,3 +320,20 @@ class OpenAIChatModel:
             prompt.operation, prompt.input_ref, f"endpoint rejected the request: {self._describe(exc)}", status
         )
 
+
+
+def endpoint_reachable(config: ChatConfig, *, timeout_s: float = 3.0) -> bool:
+    """True when something OpenAI-compatible answers at ``config.base_url`` (any HTTP status counts:
+    a server without ``/models`` still answers); False on connection errors and timeouts."""
+    client = openai.OpenAI(
+        base_url=config.base_url, api_key=config.api_key.get_secret_value(), timeout=timeout_s, max_retries=0
+    )
+    try:
+        client.models.list()
+    except openai.APIStatusError:
+        return True
+    except (openai.APIConnectionError, openai.APITimeoutError):
+        return False
+    finally:
+        client.close()
+    return True
