@@ -23,6 +23,9 @@ from tmem.prompts import (
     answer,
     item_extract,
     item_triggers,
+    judge_locomo,
+    judge_memory_awareness,
+    memory_reply,
     persona,
     scene_boundaries,
     scene_pack,
@@ -129,6 +132,27 @@ CASES: dict[str, Prompt[Any]] = {
             question="When did Ana adopt Biscuit?",
             question_date="2023-06-01 Thu 10:00",
             context="## Facts\n- [7 May 2023] Ana adopted a puppy named Biscuit.",
+        )
+    ),
+    judge_locomo.OPERATION: judge_locomo.build(
+        judge_locomo.JudgeLocomoInput(
+            conversation_id="conv-snap", qid="conv-snap#3", question="When did Ana adopt Biscuit?",
+            reference_answer="7 May 2023", candidate_answer="The day before 8 May 2023", judge_run=2,
+        )
+    ),
+    judge_memory_awareness.OPERATION: judge_memory_awareness.build(
+        judge_memory_awareness.JudgeAwarenessInput(
+            conversation_id="plus-snap", qid="plus-0003",
+            earlier_exchange="Ana: I hurt my knee on the trail.\nBen: Take it easy for a while.",
+            later_message="I signed up for the mountain race next month!",
+            reply="Great! Is your knee up to it after the trail fall?", judge_run=1,
+        )
+    ),
+    memory_reply.OPERATION: memory_reply.build(
+        memory_reply.MemoryReplyInput(
+            conversation_id="plus-snap", qid="plus-0003", speaker="Ana", respondent="Ben",
+            message_date="2023-06-01 Thu 10:00", latest_message="I signed up for the mountain race next month!",
+            context="## Conversation excerpts\n\n### Ana's knee (8 May 2023)\n[8 May 2023] Ana: I hurt my knee on the trail.",
         )
     ),
 }

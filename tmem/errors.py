@@ -21,6 +21,10 @@ class IngestError(TmemError):
         return (type(self), (self.path, self.record, self.reason))
 
 
+class DatasetError(TmemError):
+    """A benchmark file is missing or not shaped as expected. Names the file and the record."""
+
+
 class StoreError(TmemError):
     """The store is missing, locked, or inconsistent."""
 
