@@ -9,6 +9,8 @@ keeps its previous memory and is reported with the typed error that stopped it.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
-from prefect.futures import PrefectFuture
+from prefect.futures import PrefectFuture, as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -35,14 +37,21 @@ from tasks.publish import publish_builds
 from tasks.runtime import bundle, content_cache, release, result_storage
 from tmem.build_report import BuildSummary, Failure, render_markdown
 from tmem.construct import dedupe_items
+from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_batches
 from tmem.domain import Memory, Turn
 from tmem.errors import LLMError
 from tmem.ids import content_hash
+from tmem.pricing import cost_markdown, estimate_cost, price_table
 from tmem.prompts.base import prompt_versions
 from tmem.settings import Settings, load_settings
 from tmem.store.conversations import conversation_states, load_turns
 from tmem.store.lance import VectorRow
-from tmem.store.runs import finish_run, memory_counts, start_run
+from tmem.store.runs import close_interrupted_runs, finish_run, memory_counts, start_run
+from tmem.store.snapshot import unpublished_conversations
+
+# One record per finished conversation (``tmem build`` shows them as progress); extra fields
+# ``conversation_id``, ``done``, ``total``, ``ok``.
+progress_log = logging.getLogger("tmem.build.progress")
 
 
 @dataclass(frozen=True)
@@ -52,16 +61,19 @@ class ConversationBuild:
     watermark_turn_seq: int
 
 
+# The operations a build calls; query/eval prompts (answer, judges) must not invalidate build caches.
+BUILD_OPERATIONS = frozenset({
+    "scene_boundaries", "scene_pack", "topic_match", "topic_create", "item_extract", "item_triggers",
+    "scene_triggers", "persona",
+})
+
+
 def build_fingerprint(settings: Settings, model_name: str) -> str:
     """What makes a stage's output differ for the same input: model, prompt versions, knobs."""
     return content_hash(
-        model_name, prompt_versions(), settings.embedding_model, settings.segment_window, settings.topic_batch,
+        model_name, {op: v for op, v in prompt_versions().items() if op in BUILD_OPERATIONS}, settings.embedding_model, settings.segment_window, settings.topic_batch,
         settings.trigger_batch, settings.scene_trigger_batch,
     )
-
-
-def _batches(seq: list[Any], size: int) -> list[list[Any]]:
-    return [seq[i : i + size] for i in range(0, len(seq), size)]
 
 
 def _configured(store: str, t: Any) -> Any:
@@ -90,11 +102,13 @@ def build_conversation(store: str, run_id: str, conversation_id: str, fingerprin
     ]
     scenes = c["segment"](store, run_id, conversation_id, turns, fingerprint)
     by_id = {t.turn_id: t for t in turns}
+    # Trigger batches are cut so that a grown conversation keeps its earlier batches (and their
+    # cached answers): see tmem.construct.stable_batches.
     scene_trig_futs = [
         c["scene_triggers"].submit(
             store, run_id, conversation_id, n, batch, [by_id[t] for s in batch for t in s.turn_ids], fingerprint
         )
-        for n, batch in enumerate(_batches(scenes, b.settings.scene_trigger_batch))
+        for n, batch in enumerate(scene_trigger_batches(scenes, b.settings.scene_trigger_batch))
     ]
     topics = c["topics"](store, run_id, conversation_id, scenes, fingerprint)
     scene_by_id = {s.scene_id: s for s in scenes}
@@ -104,9 +118,10 @@ def build_conversation(store: str, run_id: str, conversation_id: str, fingerprin
         member_turns = [by_id[t] for s in members for t in s.turn_ids]
         item_futs.append(c["items"].submit(store, run_id, conversation_id, topic, members, member_turns, fingerprint))
     items = dedupe_items(f.result() for f in item_futs)
+    scene_seq = {s.scene_id: s.seq for s in scenes}
     item_trig_futs = [
         c["item_triggers"].submit(store, run_id, conversation_id, n, batch, fingerprint)
-        for n, batch in enumerate(_batches(items, b.settings.trigger_batch))
+        for n, batch in enumerate(item_trigger_batches(topics, items, scene_seq, b.settings.trigger_batch))
     ]
     memory = Memory(
         conversation_id=conversation_id,
@@ -121,7 +136,9 @@ def build_conversation(store: str, run_id: str, conversation_id: str, fingerprin
     return ConversationBuild(memory=memory, vectors=vectors, watermark_turn_seq=max(t.seq for t in turns))
 
 
-@task(name="build-conversation", task_run_name="conversation/{conversation_id}")
+# One retry of the whole conversation: finished stages are cache hits, so a retry after a transient
+# orchestration error (e.g. the local Prefect API answering 503 under load) only redoes what was lost.
+@task(name="build-conversation", task_run_name="conversation/{conversation_id}", retries=1, retry_delay_seconds=5)
 def build_conversation_task(store: str, run_id: str, conversation_id: str, fingerprint: str) -> ConversationBuild:
     return build_conversation(store, run_id, conversation_id, fingerprint)
 
@@ -142,31 +159,48 @@ def _failure(conversation_id: str, exc: BaseException) -> Failure:
 
 @flow(name="build-memory", flow_run_name="build-memory/{label}", task_runner=ThreadPoolTaskRunner(max_workers=16))  # type: ignore[arg-type]
 def build_memory(
-    store: str, conversation_ids: list[str] | None = None, only_changed: bool = False, label: str = "all"
+    store: str,
+    conversation_ids: list[str] | None = None,
+    only_changed: bool = False,
+    label: str = "all",
+    prices: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """Build (or rebuild) the memory of the given conversations (default: all) and publish a snapshot."""
+    """Build (or rebuild) the memory of the given conversations (default: all) and publish a snapshot.
+
+    ``only_changed`` keeps the conversations with turns newer than their last build, plus any
+    whose last build was recorded but never published (a build killed mid-publish). An
+    incremental build re-runs every stage over the whole conversation; requests whose content
+    did not change are answered by the LLM response cache, so only new work costs tokens.
+    ``prices`` overrides the model price table of the cost estimate (USD per 1M tokens).
+    """
     started = time.perf_counter()
     settings = load_settings(store=Path(store))
+    table = price_table(prices)
     run_id = str(flow_run.get_id() or uuid.uuid4())
     b = bundle(store, run_id)
     try:
+        close_interrupted_runs(b.con, current_pid=os.getpid(), at=datetime.now(UTC))
         states = conversation_states(b.con, conversation_ids)
         if only_changed:
-            states = [s for s in states if s.changed]
+            unpublished = set(unpublished_conversations(b.con, settings.store))
+            states = [s for s in states if s.changed or s.conversation_id in unpublished]
         ids = [s.conversation_id for s in states]
-        start_run(b.con, run_id, {"store": store, "conversation_ids": ids, "only_changed": only_changed},
-                  datetime.now(UTC))
+        start_run(b.con, run_id, {"store": store, "conversation_ids": ids, "only_changed": only_changed,
+                                  "label": label, "pid": os.getpid()}, datetime.now(UTC))
         fingerprint = build_fingerprint(settings, b.chat.model_name)
-        futures = {cid: build_conversation_task.submit(store, run_id, cid, fingerprint) for cid in ids}
+        futures = {build_conversation_task.submit(store, run_id, cid, fingerprint): cid for cid in ids}
         builds: dict[str, ConversationBuild] = {}
         failures: list[Failure] = []
-        for cid, fut in futures.items():
-            fut.wait()
+        for done, fut in enumerate(as_completed(list(futures)), start=1):
+            cid = futures[fut]
+            fut.wait()  # done already; wait() keeps the final state with its data (`.state` alone re-reads the API)
             state = fut.state
             if state.is_completed():
                 builds[cid] = state.result()
             else:
                 failures.append(_failure(cid, _exception_of(state)))
+            progress_log.info("%s %s (%d/%d)", cid, "built" if cid in builds else "FAILED", done, len(ids),
+                              extra={"conversation_id": cid, "done": done, "total": len(ids), "ok": cid in builds})
         snapshot_id = publish_builds(store, run_id, builds) if builds else None
         usage = b.usage()
         counts = memory_counts(b.con)
@@ -178,8 +212,12 @@ def build_memory(
         )
         finish_run(b.con, run_id, status=status, counts=summary.counts, usage=summary.usage_totals(),
                    failures=[f.__dict__ for f in failures], snapshot_id=snapshot_id, at=datetime.now(UTC))
-        create_markdown_artifact(markdown=render_markdown(summary), key="tmem-build-report",
+        model = b.chat.model_name
+        cost = estimate_cost(model, summary.prompt_tokens, summary.completion_tokens, table)
+        report = render_markdown(summary) + "\n" + cost_markdown(model, summary.prompt_tokens,
+                                                                summary.completion_tokens, table)
+        create_markdown_artifact(markdown=report, key="tmem-build-report",
                                  description=f"tmem build {run_id}: {status}")
-        return summary.to_json()
+        return summary.to_json() | {"model": model, "cost_usd": cost}
     finally:
         release(store, run_id)

@@ -12,6 +12,7 @@ from pathlib import Path
 from prefect.cache_policies import INPUTS, CachePolicy
 
 from tmem.bundle import BuildBundle, open_build_bundle
+from tmem.ids import content_hash
 from tmem.settings import load_settings
 
 _lock = threading.Lock()
@@ -40,10 +41,14 @@ def release(store: str, run_id: str) -> None:
 def content_cache(store: str) -> CachePolicy:
     """Cache keyed by the task's content inputs only (not store path, run id or bundle).
 
-    Keys and results live under the store, so deleting a store also forgets its cache.
+    Keys and results live under the store, so deleting a store also forgets its cache. Prefect's
+    cache records name their result files by absolute path, so the keys are kept per absolute
+    store location: a moved or copied store misses (and recomputes from the LLM response cache,
+    at no LLM cost) instead of failing on a result path outside its own directory.
     """
     policy = INPUTS - "store" - "run_id"
-    return policy.configure(key_storage=Path(store) / "prefect" / "cache-keys")
+    root = Path(store).resolve()
+    return policy.configure(key_storage=root / "prefect" / "cache-keys" / content_hash(str(root))[:16])
 
 
 def result_storage(store: str) -> Path:

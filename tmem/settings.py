@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Role = Literal["build", "answer", "judge"]
 StructuredMode = Literal["auto", "json_schema", "json_object"]
+LLMProvider = Literal["auto", "openai", "local"]
 
 
 class RoleEndpoint(BaseModel, frozen=True):
@@ -55,6 +56,21 @@ class Settings(BaseSettings):
     llm_concurrency: int = Field(4, ge=1, description="Max in-flight LLM calls (Prefect tag 'llm').")
     llm_max_tokens: int = Field(2048, ge=64, description="Completion token cap per call.")
     llm_temperature: float = Field(0.0, ge=0.0, le=2.0)
+
+    # The embedded local model (extra `[local]`): llama.cpp serving a GGUF from a PyPI package.
+    llm_provider: LLMProvider = Field(
+        "auto",
+        description=(
+            "openai: the endpoint of TMEM_LLM_BASE_URL. local: tmem starts the embedded model itself. "
+            "auto: openai when TMEM_LLM_BASE_URL is set, else local (used by the demo and benchmarks)."
+        ),
+    )
+    local_model: str = Field(
+        "smollm2", description="Embedded model: a bundled name (smollm2, gemma3-270m) or a path to a .gguf file."
+    )
+    local_n_ctx: int = Field(8192, ge=512, description="Context window of the embedded model, in tokens.")
+    local_threads: int = Field(0, ge=0, description="CPU threads of the embedded model; 0 = half the cores.")
+    local_startup_timeout_s: float = Field(180.0, gt=0, description="Wait this long for the embedded server.")
 
     embedding_model: str = Field(
         "all-MiniLM-L6-v2",
@@ -100,6 +116,10 @@ PREFECT_DEFAULTS: dict[str, str] = {
     # "database is locked" start-up error when analytics are on.
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
+    # The temporary local server can be slow to start on a loaded 2-core machine (seen: >60 s).
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",
+    # ...and its SQLite database answers 503 while busy: retry longer than Prefect's default 5.
+    "PREFECT_CLIENT_MAX_RETRIES": "12",
     # Model weights are never downloaded at run time: sentence-transformers loads local files only.
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",

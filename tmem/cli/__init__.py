@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from tmem import __version__
-from tmem.cli import answer_cmd, build_cmd, eval_cmd, ingest_cmd, query_cmd, serve_cmd, stats_cmd
+from tmem.cli import answer_cmd, build_cmd, eval_cmd, ingest_cmd, query_cmd, runs_cmd, serve_cmd, stats_cmd
 from tmem.cli.base import CliContext, Command
 from tmem.errors import DatasetError, IngestError, ScopeError, StoreError, TmemError
 
 COMMANDS: tuple[Command, ...] = (
     ingest_cmd.COMMAND, build_cmd.COMMAND, stats_cmd.COMMAND, query_cmd.COMMAND, answer_cmd.COMMAND, serve_cmd.COMMAND,
-    eval_cmd.COMMAND,
+    runs_cmd.COMMAND, eval_cmd.COMMAND,
 )
 
 EXIT_OK = 0

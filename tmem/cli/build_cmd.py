@@ -1,8 +1,17 @@
-"""``tmem build [--conversation ID ...] [--changed] [--store DIR] [--json]``: run the construction flow locally."""
+"""``tmem build [--conversation ID ...] [--changed] [--store DIR] [--json]``: run the construction flow locally.
+
+Progress goes to stderr, one line per finished conversation (Prefect's own logs go there too);
+the result goes to stdout.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
 
 from tmem.cli.base import CliContext, Command, add_json_option, add_store_option, resolve_store
 
@@ -16,6 +25,45 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="only conversations with turns newer than their last build")
 
 
+class ProgressLines(logging.Handler):
+    """Renders the build flow's progress records as ``[####------] 4/10 conv-41 built (12.3 s)``."""
+
+    WIDTH = 20
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(logging.INFO)
+        self.stream = stream
+        self.started = time.monotonic()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        done, total = getattr(record, "done", None), getattr(record, "total", None)
+        if not isinstance(done, int) or not isinstance(total, int) or total < 1:
+            return
+        filled = round(self.WIDTH * done / total)
+        status = "built" if getattr(record, "ok", False) else "FAILED"
+        self.stream.write(f"[{'#' * filled}{'-' * (self.WIDTH - filled)}] {done}/{total} "
+                          f"{getattr(record, 'conversation_id', '?')} {status} "
+                          f"({time.monotonic() - self.started:.1f} s)\n")
+        self.stream.flush()
+
+
+@contextmanager
+def progress_to(stream: TextIO) -> Iterator[None]:
+    """Show the build's per-conversation progress on ``stream`` while the block runs."""
+    log = logging.getLogger("tmem.build.progress")
+    handler = ProgressLines(stream)
+    saved = (log.level, log.propagate)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # not again through Prefect's console handler
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+
+
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from tmem.settings import apply_process_defaults
 
@@ -24,8 +72,9 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
     store = resolve_store(args, ctx)
     label = ",".join(args.conversation) if args.conversation else ("changed" if args.changed else "all")
-    summary = build_memory(store=str(store), conversation_ids=args.conversation, only_changed=args.changed,
-                           label=label[:60])
+    with progress_to(ctx.stderr):
+        summary = build_memory(store=str(store), conversation_ids=args.conversation, only_changed=args.changed,
+                               label=label[:60])
     if args.json:
         ctx.print_json(summary)
     else:
@@ -35,6 +84,9 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
                     "entity_triggers", "bridge_triggers", "scene_triggers", "horizon_triggers", "personas",
                     "llm_calls", "llm_cache_hits", "prompt_tokens", "completion_tokens"):
             ctx.print(f"  {key:<18} {summary[key]}")
+        from tmem.pricing import format_usd
+
+        ctx.print(f"  {'est. cost':<18} {format_usd(summary.get('cost_usd'))} ({summary.get('model')})")
         for failure in summary["failures"]:
             ctx.print(f"  FAILED {failure['conversation_id']}: {failure['message']}")
     return 0 if summary["status"] == "completed" else 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -45,6 +45,10 @@ KNOWN_VIEWS: frozenset[str] = frozenset({"summary", "content", "dlg", "scn", "ho
 # Measured here (384-d, ~300 rows per conversation): filtered vector search 16.6 -> 6.2 ms at
 # 10k rows and 181 -> 5.3 ms at 100k rows; building the index takes 8-23 ms.
 SCOPE_INDEX_MIN_ROWS = 5_000
+
+# Handles of pinned (immutable) table versions kept open for reads: the current snapshot's and a
+# few recent ones (a reader still finishing on a replaced snapshot).
+PINNED_HANDLES = 4
 
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _META_COLUMNS = ("row_id", "conversation_id", "owner_kind", "owner_id", "view", "ordinal", "text")
@@ -141,6 +145,7 @@ class VectorStore:
         self._lock = threading.Lock()
         self._tables: dict[str, lancedb.table.Table] = {}
         self._indexed: set[str] = set()
+        self._pinned: OrderedDict[tuple[str, int], lancedb.table.Table] = OrderedDict()  # (table, version)
         try:
             # interval 0: a handle re-checks the latest version on each unpinned read, so
             # writes by another process are seen (pinned reads never change).
@@ -190,12 +195,26 @@ class VectorStore:
         if version is None:
             return self._table(table, create=False)
         name = _checked_table_name(table)
+        key = (name, int(version))
+        with self._lock:
+            pinned = self._pinned.get(key)
+            if pinned is not None:
+                self._pinned.move_to_end(key)
+                return pinned
         if not self.has_table(name):
             raise StoreError(f"{self.uri}: no vector table {name!r}")
         try:
-            return self._db.open_table(name, version=version)
+            handle = self._db.open_table(name, version=version)
         except ValueError as exc:
             raise StoreError(f"{self.uri}/{name}: cannot read version {version} ({exc})") from exc
+        # A version never changes, so its handle is kept: Lance caches the version's manifest and
+        # the pages of its conversation_id index per handle, and opening the version afresh for
+        # every cold conversation load re-read them (bench/query.py --part scale).
+        with self._lock:
+            self._pinned[key] = handle
+            while len(self._pinned) > PINNED_HANDLES:
+                self._pinned.popitem(last=False)
+        return handle
 
     def version(self, table: str) -> int:
         """The latest version of ``table``."""
@@ -403,6 +422,9 @@ class VectorStore:
         """
         self.ensure_scope_index(table)
         handle = self._table(table, create=False)
+        with self._lock:  # versions may be deleted below: reopen pinned ones, so a gone one fails typed
+            for key in [k for k in self._pinned if k[0] == table]:
+                del self._pinned[key]
         try:
             handle.optimize(cleanup_older_than=keep_newer_than)
         except (OSError, ValueError, RuntimeError) as exc:

@@ -25,6 +25,10 @@ class RunRecord:
     failures: list[dict[str, Any]]
     snapshot_id: str | None
 
+    @property
+    def seconds(self) -> float | None:
+        return None if self.finished_at is None else (self.finished_at - self.started_at).total_seconds()
+
 
 def start_run(con: duckdb.DuckDBPyConnection, run_id: str, inputs: dict[str, Any], at: datetime) -> None:
     con.execute(
@@ -53,6 +57,23 @@ def finish_run(
             json.dumps(failures, sort_keys=True, default=str), snapshot_id, run_id,
         ],
     )
+
+
+def close_interrupted_runs(con: duckdb.DuckDBPyConnection, *, current_pid: int, at: datetime) -> list[str]:
+    """Mark runs left ``running`` by another process as ``interrupted``; return their ids.
+
+    The working database has one writer process at a time, so while this process holds it no
+    other process is building: a ``running`` row written by another pid is a build that died
+    (killed, crashed, machine lost). Rows of this process may belong to a build still running
+    in another thread and are left alone. Rows without a recorded pid count as another process.
+    """
+    rows = con.execute("SELECT run_id, inputs FROM build_runs WHERE status = 'running'").fetchall()
+    stale = [r[0] for r in rows if json.loads(r[1] or "{}").get("pid") != current_pid]
+    for run_id in stale:
+        con.execute(
+            "UPDATE build_runs SET status = 'interrupted', finished_at = ? WHERE run_id = ?", [at, run_id]
+        )
+    return stale
 
 
 def list_runs(con: duckdb.DuckDBPyConnection, limit: int = 20) -> list[RunRecord]:

@@ -76,15 +76,19 @@ def publish_snapshot(
     final = root / snapshot_id
     if final.exists():
         raise StoreError(f"{final}: snapshot already exists")
+    # The store has one writer, so any temporary snapshot left here is from a publish that died.
+    _remove_leftovers(root)
     tmp = root / f".{snapshot_id}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
     tmp.mkdir()
     db_path = tmp / MEMORY_DB
     con.execute("ATTACH ? AS snap", [str(db_path)])
     try:
         for name in (*MEMORY_TABLES, *SNAPSHOT_EXTRA_TABLES):
-            con.execute(f"CREATE TABLE snap.{name} AS SELECT * FROM main.{name}")  # noqa: S608 -- fixed names
+            # Stored in conversation order, so each row group's min/max of conversation_id (DuckDB's
+            # zone maps) lets a reader's `WHERE conversation_id = ?` skip all other row groups. In the
+            # working database a rebuilt conversation's rows land at the end, scattered over time:
+            # copied as they are, every scoped read scans the whole table (bench/query.py --part scale).
+            con.execute(f"CREATE TABLE snap.{name} AS SELECT * FROM main.{name} ORDER BY conversation_id")  # noqa: S608 -- fixed names
     finally:
         con.execute("DETACH snap")
     manifest: dict[str, Any] = {
@@ -105,6 +109,16 @@ def publish_snapshot(
     os.replace(pointer_tmp, store / CURRENT)
     _fsync_dir(store)
     return _info(final, manifest)
+
+
+def _remove_leftovers(root: Path) -> list[str]:
+    """Delete temporary snapshot directories (``.<id>.tmp``) of publishes that never finished."""
+    removed: list[str] = []
+    for leftover in sorted(root.glob(".*.tmp")):
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+            removed.append(leftover.name)
+    return removed
 
 
 def _info(path: Path, manifest: dict[str, Any]) -> SnapshotInfo:
@@ -133,6 +147,29 @@ def current_snapshot(store: Path) -> SnapshotInfo | None:
     return _info(path, manifest)
 
 
+def read_snapshot(store: Path, snapshot_id: str) -> SnapshotInfo:
+    """A published snapshot by id (StoreError when it is missing or has no manifest)."""
+    path = Path(store) / SNAPSHOTS / snapshot_id
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError as exc:
+        raise StoreError(f"{store}: snapshot {snapshot_id!r} has no manifest") from exc
+    return _info(path, manifest)
+
+
+def unpublished_conversations(con: duckdb.DuckDBPyConnection, store: Path) -> list[str]:
+    """Conversations whose working-database build differs from what ``CURRENT`` publishes.
+
+    A publish records each conversation's build (``memory_builds``) before it writes the
+    snapshot; a build killed between the two leaves the working database ahead of readers,
+    with a watermark that says "nothing changed". These conversations must be published again.
+    """
+    current = current_snapshot(store)
+    published = current.conversations if current is not None else {}
+    rows = con.execute("SELECT conversation_id, build_id FROM memory_builds ORDER BY conversation_id").fetchall()
+    return [cid for cid, build_id in rows if published.get(cid) != build_id]
+
+
 def list_snapshots(store: Path) -> list[str]:
     root = Path(store) / SNAPSHOTS
     if not root.exists():
@@ -151,6 +188,6 @@ def prune_snapshots(store: Path, keep: int = 3) -> list[str]:
     doomed = [n for n in names[:-keep] if keep > 0 and (current is None or n != current.snapshot_id)]
     for name in doomed:
         shutil.rmtree(Path(store) / SNAPSHOTS / name)
-    for leftover in (Path(store) / SNAPSHOTS).glob(".*.tmp"):
-        shutil.rmtree(leftover)
+    if (Path(store) / SNAPSHOTS).exists():
+        _remove_leftovers(Path(store) / SNAPSHOTS)
     return doomed

@@ -1,0 +1,62 @@
+"""Prefect tasks of the operations flows: find changed conversations, ingest a chunk of archives,
+prune snapshots and clean Lance versions. Each wraps one library function."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tmem.bundle import lance_uri
+from tmem.ingest import ingest_parsed, read_archives
+from tmem.settings import load_settings
+from tmem.store.conversations import conversation_states
+from tmem.store.duck import connect
+from tmem.store.maintenance import optimize_vectors
+from tmem.store.snapshot import prune_snapshots, unpublished_conversations
+
+
+@task(name="find-changed", task_run_name="find-changed")
+def find_changed_conversations(store: str) -> list[str]:
+    """Conversations with turns newer than their last build, or built but never published."""
+    con = connect(Path(store))
+    try:
+        unpublished = set(unpublished_conversations(con, Path(store)))
+        return [s.conversation_id for s in conversation_states(con) if s.changed or s.conversation_id in unpublished]
+    finally:
+        con.close()
+
+
+@task(name="ingest-archives", task_run_name="ingest/{label}", tags=["stage:ingest"])
+def ingest_files(store: str, files: list[str], label: str, now: datetime) -> dict[str, Any]:
+    """Validate and ingest ``files`` in one transaction (idempotent: a re-run adds nothing).
+
+    Returns the ingest report plus ``conversation_ids``, the conversations the files hold.
+    """
+    archives = read_archives([Path(f) for f in files])
+    report = ingest_parsed(archives, Path(store), now=now)
+    ids = sorted({c.conversation_id for a in archives for c in a.conversations})
+    return report.as_dict() | {"conversation_ids": ids}
+
+
+@task(name="prune-snapshots", task_run_name="prune-snapshots/keep-{keep}")
+def prune_old_snapshots(store: str, keep: int) -> list[str]:
+    return prune_snapshots(Path(store), keep=keep)
+
+
+@task(name="optimize-vectors", task_run_name="optimize-vectors")
+def optimize_vector_tables(store: str, now: datetime, margin_s: float) -> list[dict[str, Any]]:
+    """Compact Lance tables and delete versions no retained snapshot pins (run after pruning)."""
+    settings = load_settings(store=Path(store))
+    uri = lance_uri(settings)
+    if not Path(uri).exists():
+        return []
+    done = optimize_vectors(Path(store), uri, now=now, margin=timedelta(seconds=margin_s))
+    return [
+        {"table": m.table, "pinned": list(m.pinned), "versions_before": len(m.versions_before),
+         "versions_after": len(m.versions_after), "removed": len(m.removed),
+         "keep_newer_than_s": round(m.keep_newer_than_s, 1)}
+        for m in done
+    ]

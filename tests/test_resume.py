@@ -1,0 +1,230 @@
+"""Kill-and-resume (issue 7, point 4): a build killed with SIGKILL at several points resumes on
+the next run with no duplicated rows, no repeated LLM call for finished work, and no half-written
+snapshot ever published.
+
+The build runs as ``python -m tmem build`` in its own process group (killed whole) against the
+test's Prefect harness API; the scripted LLM server (20 ms per answer) runs in this test process,
+outside the killed one, so the test can count the requests it received. The scenario is an
+incremental build: conv-30 sessions 1-2 built and published; then conv-30 sessions 3-4 and a new
+conversation (conv-26 sessions 1-3) ingested, and built.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.flow_helpers import build, ingest_slice, set_llm_env
+from tests.paths import REPO
+from tmem.devtools.scripted_llm import ScriptedLLM
+from tmem.store.duck import connect
+from tmem.store.memory_image import MemoryImage, diff_images, memory_image
+from tmem.store.migrations import MEMORY_TABLES
+from tmem.store.runs import list_runs
+from tmem.store.snapshot import CURRENT, MANIFEST, SNAPSHOTS, SnapshotInfo, current_snapshot
+
+pytestmark = [pytest.mark.prefect, pytest.mark.slow]
+
+GROWN, NEW = "conv-30", "conv-26"
+LLM_CONCURRENCY = 4  # at most this many requests are in flight when the process dies
+PRIMARY_KEYS = {
+    "scenes": "scene_id", "topics": "topic_id", "topic_scene": "topic_id, scene_id", "items": "item_id",
+    "item_scene": "item_id, scene_id", "item_triggers": "item_id, family, ordinal",
+    "scene_triggers": "scene_id, family, channel", "personas": "speaker",
+}
+
+
+@dataclass
+class Run:
+    returncode: int | None  # None: killed
+    bodies: list[str]  # request bodies the server received during the run
+    cache_rows: int  # llm_cache rows afterwards
+    log: str
+
+
+@dataclass
+class Scenario:
+    root: Path
+    template: Path  # GROWN 1-2 built; GROWN 3-4 and NEW 1-3 ingested, not built
+    server: ScriptedLLM
+    env: dict[str, str]
+
+    def store(self, name: str) -> Path:
+        target = self.root / name
+        shutil.copytree(self.template, target)
+        return target
+
+    def build(self, store: Path, kill_when: Callable[[int], bool] | None = None) -> Run:
+        """``python -m tmem build --changed``; with ``kill_when(requests_so_far)``, SIGKILL its group once true."""
+        before = len(self.server.requests)
+        log = self.root / f"{store.name}-{time.monotonic_ns()}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tmem", "build", "--store", str(store), "--changed", "--json"],
+                cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            code: int | None = None
+            try:
+                while (code := proc.poll()) is None:
+                    assert_current_is_complete(store)
+                    if kill_when is not None and kill_when(len(self.server.requests) - before):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait(timeout=30)
+                        code = None
+                        break
+                    time.sleep(0.003)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=30)
+        bodies = [repr(r.body["messages"]) for r in self.server.requests[before:]]
+        return Run(code, bodies, cache_rows(store), log.read_text())
+
+
+def cache_rows(store: Path) -> int:
+    con = connect(store, read_only=True)
+    try:
+        row = con.execute("SELECT count(*) FROM llm_cache").fetchone()
+        return int(row[0]) if row else 0
+    finally:
+        con.close()
+
+
+def assert_current_is_complete(store: Path) -> None:
+    """CURRENT, when present, names a finished snapshot: its directory, manifest and database exist."""
+    pointer = store / CURRENT
+    if not pointer.exists():
+        return
+    name = pointer.read_text().strip()
+    assert not name.startswith("."), f"CURRENT names a temporary snapshot {name}"
+    assert (store / SNAPSHOTS / name / MANIFEST).is_file(), f"CURRENT names {name}, which has no manifest"
+    assert (store / SNAPSHOTS / name / "memory.duckdb").is_file()
+
+
+def assert_no_duplicates(info: SnapshotInfo) -> None:
+    con = duckdb.connect(str(info.memory_db), read_only=True)  # snapshot tables carry no constraints
+    try:
+        for table in MEMORY_TABLES:
+            keys = f"conversation_id, {PRIMARY_KEYS[table]}"
+            dupes = con.execute(
+                f"SELECT {keys}, count(*) FROM {table} GROUP BY {keys} HAVING count(*) > 1"
+            ).fetchall()
+            assert dupes == [], f"{table} has duplicated keys: {dupes[:3]}"
+    finally:
+        con.close()
+    for cid in (GROWN, NEW):
+        for table, keys in memory_image(info, cid).vector_keys.items():
+            row_ids = [k[0] for k in keys]
+            assert len(row_ids) == len(set(row_ids)), f"Lance {table} has duplicated row ids for {cid}"
+
+
+@pytest.fixture(scope="module")
+def scenario(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+    from prefect.settings import get_current_settings
+
+    root = tmp_path_factory.mktemp("resume")
+    template = root / "template"
+    server = ScriptedLLM(latency_ms=20).start()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for name in [n for n in os.environ if n.startswith(("TMEM_", "OPENAI_"))]:
+                mp.delenv(name)
+            set_llm_env(mp, server, TMEM_LLM_CONCURRENCY=str(LLM_CONCURRENCY))
+            ingest_slice(template, root / "before.json", {GROWN: 2})
+            assert build(template)["status"] == "completed"
+            ingest_slice(template, root / "after.json", {GROWN: 4, NEW: 3})
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("TMEM_", "OPENAI_"))}
+            env.update({k: v for k, v in os.environ.items() if k.startswith("TMEM_")})
+        env.update({
+            "PREFECT_API_URL": str(get_current_settings().api.url), "PREFECT_HOME": str(root / "prefect-home"),
+            "PREFECT_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONPATH": str(REPO),
+        })
+        yield Scenario(root, template, server, env)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(scenario: Scenario) -> tuple[Run, dict[str, MemoryImage]]:
+    """The same build, never killed (in this process: the requests are the same, startup is cheaper)."""
+    store = scenario.store("clean")
+    before = len(scenario.server.requests)
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in scenario.env.items():
+            if key.startswith("TMEM_"):
+                mp.setenv(key, value)
+        summary = build(store)
+    assert summary["status"] == "completed", summary["failures"]
+    assert summary["conversations_built"] == sorted([GROWN, NEW])
+    run = Run(0, [repr(r.body["messages"]) for r in scenario.server.requests[before:]], cache_rows(store), "")
+    info = current_snapshot(store)
+    assert info is not None
+    return run, {cid: memory_image(info, cid) for cid in (GROWN, NEW)}
+
+
+def _lance_versions(store: Path) -> int:
+    versions = store / "lance" / "vectors.lance" / "_versions"
+    return len(list(versions.glob("*.manifest"))) if versions.exists() else 0
+
+
+KILL_POINTS = ["after 30% of the requests", "after 80% of the requests", "during publish"]
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_build_killed_at_any_point_resumes_without_duplicates_repeats_or_half_published_snapshots(
+    scenario: Scenario, reference: tuple[Run, dict[str, MemoryImage]], point: str
+) -> None:
+    clean, clean_images = reference
+    total = len(clean.bodies)
+    assert total > 40
+    store = scenario.store(point.replace(" ", "-").replace("%", "pc"))
+    old_current = (store / CURRENT).read_text()
+    old_cache = cache_rows(store)
+    versions_before = _lance_versions(store)
+    kill_when: Callable[[int], bool] = {
+        KILL_POINTS[0]: lambda n: n >= 0.3 * total,
+        KILL_POINTS[1]: lambda n: n >= 0.8 * total,
+        # Publishing writes the Lance version first, then the memory rows, then the snapshot.
+        KILL_POINTS[2]: lambda n: n >= total and _lance_versions(store) > versions_before,
+    }[point]
+
+    killed = scenario.build(store, kill_when)
+
+    assert killed.returncode is None, f"the build finished before the kill point:\n{killed.log[-2000:]}"
+    assert_current_is_complete(store)  # a temporary snapshot left by the kill is never current
+    if point != KILL_POINTS[2]:
+        assert (store / CURRENT).read_text() == old_current  # nothing new published before the kill
+    # Every answer received before the kill is in the LLM cache (DuckDB commits each one).
+    assert len(killed.bodies) - LLM_CONCURRENCY <= cache_rows(store) - old_cache <= len(killed.bodies)
+
+    resumed = scenario.build(store)
+
+    assert resumed.returncode == 0, resumed.log[-3000:]
+    info = current_snapshot(store)
+    assert info is not None and (store / CURRENT).read_text() != old_current
+    for cid, clean_image in clean_images.items():
+        assert diff_images(memory_image(info, cid), clean_image) == [], cid
+    assert_no_duplicates(info)
+    assert list((store / SNAPSHOTS).glob(".*.tmp")) == []
+    # Finished work was not asked again: together the two runs asked what one clean build asks,
+    # repeating at most the requests in flight when the process died.
+    assert set(killed.bodies) | set(resumed.bodies) == set(clean.bodies)
+    repeated = len(killed.bodies) + len(resumed.bodies) - total
+    assert 0 <= repeated <= LLM_CONCURRENCY, f"{repeated} requests repeated"
+    con = connect(store, read_only=True)
+    try:
+        statuses = sorted(r.status for r in list_runs(con, limit=10))
+    finally:
+        con.close()
+    assert statuses == ["completed", "completed", "interrupted"]  # template build, resumed, killed
