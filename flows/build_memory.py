@@ -20,6 +20,7 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.exceptions import MissingResult
 from prefect.futures import PrefectFuture, as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -196,7 +197,12 @@ def build_memory(
             fut.wait()  # done already; wait() keeps the final state with its data (`.state` alone re-reads the API)
             state = fut.state
             if state.is_completed():
-                builds[cid] = state.result()
+                try:
+                    builds[cid] = state.result()
+                except MissingResult as exc:
+                    # Seen after a retry under API load: the state came back without its data. Recorded as
+                    # this conversation's failure; the next build gets it from the caches at no LLM cost.
+                    failures.append(_failure(cid, exc))
             else:
                 failures.append(_failure(cid, _exception_of(state)))
             progress_log.info("%s %s (%d/%d)", cid, "built" if cid in builds else "FAILED", done, len(ids),

@@ -1,0 +1,100 @@
+"""Small helpers shared by the query benchmarks: latency summaries, machine facts, RSS, tables."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+
+def summary_ms(seconds: Sequence[float]) -> dict[str, float]:
+    """p50/p95/p99/mean/min/max in milliseconds of a list of durations in seconds."""
+    if not seconds:
+        return {"n": 0}
+    ms = np.asarray(seconds, dtype=np.float64) * 1000.0
+    return {
+        "n": int(ms.size),
+        "p50": round(float(np.percentile(ms, 50)), 3),
+        "p95": round(float(np.percentile(ms, 95)), 3),
+        "p99": round(float(np.percentile(ms, 99)), 3),
+        "mean": round(float(ms.mean()), 3),
+        "min": round(float(ms.min()), 3),
+        "max": round(float(ms.max()), 3),
+    }
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            pages = int(fh.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on. The machine is shared: the load average matters."""
+    mem_total = 0
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    mem_total = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import duckdb
+    import lancedb
+
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gib": round(mem_total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "numpy": np.__version__,
+        "duckdb": duckdb.__version__,
+        "lancedb": lancedb.__version__,
+        "loadavg_start": loadavg(),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "shared_machine": "2 cores shared with other helpers working in parallel: compare with the load average",
+    }
+
+
+class Stopwatch:
+    """``with Stopwatch() as sw: ...`` then ``sw.s``."""
+
+    def __enter__(self) -> Stopwatch:
+        self.started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.s = time.perf_counter() - self.started
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    """A plain fixed-width text table."""
+    cells = [[str(c) for c in header]] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
