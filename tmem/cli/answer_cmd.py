@@ -11,8 +11,8 @@ import argparse
 import time
 from datetime import datetime
 
-from tmem.cli.base import CliContext, Command
-from tmem.cli.query_cmd import EXIT_BAD_INPUT, add_query_options, bad_preset, open_memory, render_report, render_result
+from tmem.cli.base import CliContext, Command, resolve_store
+from tmem.cli.query_cmd import EXIT_BAD_INPUT, add_query_options, bad_preset, render_report, render_result
 
 
 def _question_date(text: str) -> datetime:
@@ -29,15 +29,27 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if not args.question.strip():
         print("error: the question is empty", file=ctx.stderr)
         return EXIT_BAD_INPUT
+    from tmem.providers.local_llm import LocalModelError, provider_endpoint
+    from tmem.query.memory import Memory
+
     started = time.perf_counter()
-    memory = open_memory(args, ctx)
+    store = resolve_store(args, ctx)
     try:
-        answer = memory.snapshot().answer(
-            args.question, conversation_id=args.conversation, speaker=args.speaker, preset=args.preset,
-            question_date=args.date, embed=not args.no_embed,
-        )
+        with provider_endpoint(ctx.settings().model_copy(update={"store": store}), "answer") as embedded:
+            if embedded is not None:
+                print(f"LLM: the embedded model {embedded.model}; a tiny model that proves the pipeline, not the "
+                      "quality.", file=ctx.stderr)
+            # Settings are read again inside the block: the embedded model's endpoint is in the environment.
+            settings = ctx.settings() if embedded is None else ctx.settings_loader()
+            answer = Memory.open(store, settings).snapshot().answer(
+                args.question, conversation_id=args.conversation, speaker=args.speaker, preset=args.preset,
+                question_date=args.date, embed=not args.no_embed,
+            )
     except UnknownPresetError as exc:
         return bad_preset(ctx, exc)
+    except LocalModelError as exc:
+        print(f"error: {exc}", file=ctx.stderr)
+        return EXIT_BAD_INPUT
     took = (time.perf_counter() - started) * 1000
     if args.json:
         out = answer_out(answer, preset=args.preset, took_ms=took, include_context=args.context)

@@ -69,12 +69,22 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
     apply_process_defaults()
     from flows.build_memory import build_memory  # Prefect is imported only when a build runs
+    from tmem.providers.local_llm import LocalModelError, provider_endpoint
 
     store = resolve_store(args, ctx)
     label = ",".join(args.conversation) if args.conversation else ("changed" if args.changed else "all")
-    with progress_to(ctx.stderr):
-        summary = build_memory(store=str(store), conversation_ids=args.conversation, only_changed=args.changed,
-                               label=label[:60])
+    settings = ctx.settings().model_copy(update={"store": store})
+    try:
+        with provider_endpoint(settings, "build") as embedded, progress_to(ctx.stderr):
+            if embedded is not None:
+                print(f"LLM: the embedded model {embedded.model} at {embedded.base_url} (TMEM_LLM_PROVIDER="
+                      f"{settings.llm_provider}); a tiny model that proves the pipeline, not the quality.",
+                      file=ctx.stderr)
+            summary = build_memory(store=str(store), conversation_ids=args.conversation,
+                                   only_changed=args.changed, label=label[:60])
+    except LocalModelError as exc:
+        print(f"error: {exc}", file=ctx.stderr)
+        return 2
     if args.json:
         ctx.print_json(summary)
     else:

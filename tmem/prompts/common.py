@@ -96,6 +96,8 @@ ANSWER_RULES = (
     "description allows."
 )
 
+EXAMPLE_HEADER = "Example of the shape (made-up content):"
+
 FEEDBACK_NOTE = "A previous answer to this same request was rejected: {reason} Answer again and fix that."
 
 
@@ -117,7 +119,7 @@ def assemble(
             system,
             ANSWER_RULES,
             "Fields of the answer:\n" + field_guide(response_model),
-            "Example of the shape (made-up content):\n" + json.dumps(example, ensure_ascii=False),
+            EXAMPLE_HEADER + "\n" + json.dumps(example, ensure_ascii=False),
         ]
     )
     data = compact(payload) if isinstance(payload, BaseModel) else payload
