@@ -24,11 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from tmem.settings import environ_overlay
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "datasets" / "locomo" / "locomo10.json"
@@ -50,19 +51,10 @@ def write_slice(locomo: Path, out: Path, conversation_id: str, sessions: int) ->
     return out
 
 
-@contextmanager
-def llm_env(url: str, concurrency: int) -> Iterator[None]:
-    keys = {"TMEM_LLM_BASE_URL": url, "TMEM_LLM_API_KEY": "sk-bench", "TMEM_LLM_CONCURRENCY": str(concurrency)}
-    old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(keys)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def llm_env(url: str, concurrency: int) -> AbstractContextManager[None]:
+    return environ_overlay(
+        {"TMEM_LLM_BASE_URL": url, "TMEM_LLM_API_KEY": "sk-bench", "TMEM_LLM_CONCURRENCY": str(concurrency)}
+    )
 
 
 def tokens(summary: dict[str, Any]) -> int:

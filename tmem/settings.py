@@ -6,6 +6,9 @@ Nothing else in the project reads ``os.environ``: callers take a :class:`Setting
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -135,3 +138,21 @@ def apply_process_defaults() -> None:
 
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
+
+
+@contextmanager
+def environ_overlay(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the ``with`` block, then restore what was there.
+
+    For handing settings to code that reads them anew from the environment (the build flow).
+    """
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old

@@ -32,7 +32,7 @@ from typing import Literal
 import httpx
 
 from tmem.errors import TmemError
-from tmem.settings import Role, Settings
+from tmem.settings import Role, Settings, environ_overlay
 
 PIP_LOCAL = "pip install -e '.[local]'  (or: make install)"
 PORTABLE_CMAKE_ARGS = (
@@ -255,20 +255,6 @@ def local_server_for(settings: Settings) -> Iterator[LocalServer]:
 
 
 @contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-
-
-@contextmanager
 def provider_endpoint(settings: Settings, role: Role) -> Iterator[LocalServer | None]:
     """Make ``role``'s model reachable for the ``with`` block, as the CLI commands need it.
 
@@ -295,5 +281,5 @@ def provider_endpoint(settings: Settings, role: Role) -> Iterator[LocalServer | 
             f"{role_key}_BASE_URL": server.base_url,
             f"{role_key}_MODEL": server.model,
         }
-        with _environ(env):
+        with environ_overlay(env):
             yield server
