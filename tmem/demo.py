@@ -224,7 +224,7 @@ def _closing(backend: Backend, seconds: float) -> None:
         print(f"  * This memory was built by {backend.model}, a tiny model: expect thin or odd answers.")
     compile_note = ""
     try:
-        compile_note = f"; the one-time llama.cpp compile took {float(COMPILE_SECONDS.read_text()):.0f} s"
+        compile_note = f"; the one-time install of llama.cpp took {float(COMPILE_SECONDS.read_text()):.0f} s (a compile, unless pip reused a wheel it had built before)"
     except (OSError, ValueError):
         pass
     print(f"\nDemo time: {seconds:.0f} s{compile_note}.")
