@@ -189,3 +189,41 @@ def test_an_answer_model_that_hangs_gets_a_clean_504_within_the_configured_deadl
         answered = client.post("/answer", json=question)
         assert answered.status_code == 200 and answered.json()["answer"]
         assert client.get("/health").status_code == 200
+
+
+# ---- availability while a model loads --------------------------------------------------------
+
+
+def test_a_lexical_query_does_not_wait_for_the_embedder_to_load(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the soak: loading the query embedder held the lock that preset lookups take, so on a
+    busy machine every request, lexical ones included, stalled behind a cold model load."""
+    import threading
+
+    import tmem.bundle
+    from tests.query_store import HashEmbedder
+    from tmem.query.memory import Memory
+
+    release, loading = threading.Event(), threading.Event()
+
+    def slow_embedder_for(settings: Settings, con: object) -> HashEmbedder:
+        loading.set()
+        assert release.wait(30), "never released"
+        return HashEmbedder()
+
+    monkeypatch.setattr(tmem.bundle, "embedder_for", slow_embedder_for)
+    memory = Memory.open(store, Settings(store=store))
+    cold = threading.Thread(target=memory.embed_query, args=("pottery",))
+    cold.start()
+    try:
+        assert loading.wait(10)
+        done = threading.Event()
+
+        def lexical() -> None:
+            memory.search("pottery bowl", conversation_id="conv-a", preset="paper", embed=False)
+            done.set()
+
+        threading.Thread(target=lexical, daemon=True).start()
+        assert done.wait(10), "a lexical query waited for the embedder's load"
+    finally:
+        release.set()
+        cold.join(timeout=30)
