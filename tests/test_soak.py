@@ -311,6 +311,7 @@ def run_build(env: dict[str, str], store: Path, log: Path) -> dict[str, object]:
 
 
 @pytest.mark.prefect
+@pytest.mark.timeout(1500)  # two real builds: ~3 min on an idle machine, far more on a shared one
 def test_soak_while_two_real_rebuilds_publish(first_build: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     store, build_env = first_build
     builds: list[dict[str, object]] = []

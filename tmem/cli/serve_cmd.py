@@ -2,7 +2,8 @@
 
 Serves ``/health``, ``/search`` and ``/answer`` (OpenAPI at ``/docs`` and ``/openapi.json``)
 over the store's published snapshot, switching to a newer snapshot without a restart. Set
-``TMEM_API_KEY`` to require ``Authorization: Bearer <key>``.
+``TMEM_API_KEY`` to require ``Authorization: Bearer <key>``. The query embedding model is loaded
+before the port opens (``--no-warm-up`` skips that), so no request waits on a cold load.
 """
 
 from __future__ import annotations
