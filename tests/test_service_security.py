@@ -93,7 +93,7 @@ def test_the_key_is_compared_in_constant_time(
         return real(a, b)
 
     monkeypatch.setattr(hmac, "compare_digest", spy)
-    live = serve(app_for(store, Settings(store=store, api_key=SecretStr(API_KEY))))
+    live = serve(app_for(store, load_settings(store=store, api_key=SecretStr(API_KEY))))
     with httpx.Client(base_url=live.url, timeout=10) as client:
         for key, status in (("x" * 40, 401), (API_KEY[:10], 401), (API_KEY, 200)):
             response = client.post("/search", json=QUERY, headers={"Authorization": f"Bearer {key}"})
@@ -103,7 +103,7 @@ def test_the_key_is_compared_in_constant_time(
 
 
 def test_without_a_key_configured_the_service_is_open(store: Path, serve: Callable[[FastAPI], LiveServer]) -> None:
-    live = serve(app_for(store, Settings(store=store)))
+    live = serve(app_for(store, load_settings(store=store)))
     with httpx.Client(base_url=live.url, timeout=10) as client:
         assert client.post("/search", json=QUERY).status_code == 200
         assert client.post("/search", json=QUERY, headers={"Authorization": "Bearer anything"}).status_code == 200
@@ -115,7 +115,7 @@ def test_without_a_key_configured_the_service_is_open(store: Path, serve: Callab
 def test_bodies_over_the_default_limit_are_413_with_or_without_content_length(
     store: Path, serve: Callable[[FastAPI], LiveServer]
 ) -> None:
-    live = serve(app_for(store, Settings(store=store)))
+    live = serve(app_for(store, load_settings(store=store)))
     filler = "pottery " * (MAX_BODY_BYTES // 8 + 16)  # > MAX_BODY_BYTES once in JSON
     with httpx.Client(base_url=live.url, timeout=10) as client:
         declared = client.post("/search", json={"query": filler, "conversation_id": "conv-a"})
@@ -143,7 +143,7 @@ def test_bodies_over_the_default_limit_are_413_with_or_without_content_length(
 def test_an_over_long_field_is_422_without_echo(
     store: Path, serve: Callable[[FastAPI], LiveServer], path: str, field: str, limit: int
 ) -> None:
-    live = serve(app_for(store, Settings(store=store)))
+    live = serve(app_for(store, load_settings(store=store)))
     key = "question" if path == "/answer" else "query"
     body: dict[str, Any] = {key: "pottery", "conversation_id": "conv-a", "embed": False}
     marker = "zqxj"
@@ -211,7 +211,7 @@ def test_a_lexical_query_does_not_wait_for_the_embedder_to_load(store: Path, mon
         return HashEmbedder()
 
     monkeypatch.setattr(tmem.bundle, "embedder_for", slow_embedder_for)
-    memory = Memory.open(store, Settings(store=store))
+    memory = Memory.open(store, load_settings(store=store))
     cold = threading.Thread(target=memory.embed_query, args=("pottery",))
     cold.start()
     try:
