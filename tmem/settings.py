@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     query_cache_size: int = Field(64, ge=1, description="Conversations kept loaded by the query side.")
 
     api_key: SecretStr | None = Field(None, description="If set, `tmem serve` requires it as a Bearer token.")
+    answer_timeout_s: float = Field(
+        60.0, gt=0, description="Deadline of one `tmem serve` /answer request; past it the service answers 504."
+    )
 
     def endpoint(self, role: Role) -> RoleEndpoint:
         """The endpoint for ``role``: the role's overrides, else the shared values."""

@@ -66,5 +66,9 @@ def run(argv: Sequence[str] | None, ctx: CliContext, commands: Sequence[Command]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point (``tmem``, ``python -m tmem``)."""
+    """Console entry point (``tmem``, ``python -m tmem``). Every command runs with the library
+    defaults of :func:`tmem.settings.apply_process_defaults` (no telemetry, models offline)."""
+    from tmem.settings import apply_process_defaults
+
+    apply_process_defaults()
     return run(argv, CliContext())

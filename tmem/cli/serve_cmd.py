@@ -2,7 +2,8 @@
 
 Serves ``/health``, ``/search`` and ``/answer`` (OpenAPI at ``/docs`` and ``/openapi.json``)
 over the store's published snapshot, switching to a newer snapshot without a restart. Set
-``TMEM_API_KEY`` to require ``Authorization: Bearer <key>``.
+``TMEM_API_KEY`` to require ``Authorization: Bearer <key>``. The query embedding model is loaded
+before the port opens (``--no-warm-up`` skips that), so no request waits on a cold load.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from tmem.query.service import create_app
 
     app = create_app(resolve_store(args, ctx), ctx.settings(), refresh_ms=args.refresh_ms)
+    if args.warm_up:
+        # Load the query embedder before the port opens: a cold load takes seconds (minutes on a
+        # busy machine), and the first hybrid queries would otherwise all wait on it.
+        app.state.memory.embed_query("warm-up")
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     return 0
 
@@ -30,6 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_store_option(parser)
     parser.add_argument("--refresh-ms", type=int, default=500, metavar="MS",
                         help="check for a newer published snapshot at most this often (default 500)")
+    parser.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=True,
+                        help="load the query embedding model before accepting requests (default on)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="log every request (default on)")

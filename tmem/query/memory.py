@@ -203,7 +203,11 @@ class Memory:
         self._clock = clock
         self._embedder = embedder
         self._chat = chat
-        self._lazy_lock = threading.Lock()
+        # One lock per lazily built dependency: loading the embedder (seconds) must not hold up a
+        # lexical query's preset lookup, nor the answer model's client.
+        self._config_lock = threading.Lock()
+        self._embedder_lock = threading.Lock()
+        self._chat_lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._configs: dict[str, RetrievalConfig] = {}
         self._pinned: MemorySnapshot | None = None
@@ -288,13 +292,13 @@ class Memory:
         config = self._configs.get(preset)
         if config is None:
             config = config_from_settings(self.settings, preset)
-            with self._lazy_lock:
+            with self._config_lock:
                 if len(self._configs) < 256:  # names are user input: keep the memo bounded
                     self._configs[preset] = config
         return config
 
     def embedder(self) -> Embedder:
-        with self._lazy_lock:
+        with self._embedder_lock:
             if self._embedder is None:
                 from tmem.bundle import embedder_for
 
@@ -305,7 +309,7 @@ class Memory:
         return self.embedder().embed([text])[0]
 
     def chat_model(self) -> ChatModel:
-        with self._lazy_lock:
+        with self._chat_lock:
             if self._chat is None:
                 from tmem.bundle import chat_model_for
 

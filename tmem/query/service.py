@@ -14,7 +14,12 @@ Hardening:
   other exception to a generic 500; details go to the log. Validation errors do not echo input.
 * Optional API key (``TMEM_API_KEY``): ``Authorization: Bearer <key>`` on ``/search`` and
   ``/answer`` (``/health`` stays open for probes).
-* Request bodies are limited to ``max_body_bytes`` (413).
+* Request bodies are limited to ``max_body_bytes`` (413); a query or question longer than
+  :data:`MAX_QUERY_CHARS` is 422.
+* ``/answer`` has a deadline (``TMEM_ANSWER_TIMEOUT_S``): the work runs on a bounded pool of
+  :data:`ANSWER_WORKERS` threads and a request still waiting at the deadline gets a clean 504,
+  whether the answer model hangs or the pool is busy with hung calls. The abandoned call ends
+  by itself at the adapter's own timeout (``TMEM_LLM_TIMEOUT_S``); it cannot be interrupted.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import hmac
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -48,6 +55,7 @@ CONVERSATION_ID_PATTERN = r"^[\w.:@+~-]{1,128}$"
 PRESET_PATTERN = r"^[a-z0-9_+-]{1,100}$"
 MAX_BODY_BYTES = 64 * 1024
 MAX_QUERY_CHARS = 4000
+ANSWER_WORKERS = 16
 
 
 class SearchRequest(BaseModel):
@@ -91,6 +99,10 @@ class ErrorOut(BaseModel):
 class _BodyTooLarge(HTTPException):
     def __init__(self, limit: int) -> None:
         super().__init__(status_code=413, detail=f"request body larger than {limit} bytes")
+
+
+class AnswerTimeoutError(Exception):
+    """An /answer request passed its deadline (``TMEM_ANSWER_TIMEOUT_S``)."""
 
 
 class BodySizeLimit:
@@ -161,6 +173,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.error("answer model failed on %s: %s", request.url.path, exc)
         return _error(502, "the answer model failed")
 
+    async def timed_out(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s passed its deadline: %s", request.url.path, exc)
+        return _error(504, "the answer model did not answer in time")
+
     async def invalid(request: Request, exc: Exception) -> JSONResponse:
         errors = exc.errors() if isinstance(exc, RequestValidationError) else []
         # Location and reason only: never echo the offending input back.
@@ -178,6 +194,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StoreError, store_unavailable)
     app.add_exception_handler(UnknownPresetError, bad_preset)
     app.add_exception_handler(LLMError, model_failed)
+    app.add_exception_handler(AnswerTimeoutError, timed_out)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(Exception, internal)
 
@@ -216,8 +233,13 @@ def create_app(
     _install_error_handlers(app)
     auth = [Depends(_auth_dependency(settings))]
     errors: dict[int | str, dict[str, Any]] = {
-        code: {"model": ErrorOut} for code in (401, 404, 413, 422, 502, 503)
+        code: {"model": ErrorOut} for code in (401, 404, 413, 422, 502, 503, 504)
     }
+    # Answers run here, not on the request's own thread, so that a hung model cannot hold a
+    # request past its deadline; the pool is bounded, so hung calls cannot pile up threads.
+    answer_pool = ThreadPoolExecutor(max_workers=ANSWER_WORKERS, thread_name_prefix="tmem-answer")
+    app.state.answer_pool = answer_pool
+    deadline_s = settings.answer_timeout_s
 
     @app.get("/health", response_model=HealthOut)
     def health() -> JSONResponse:
@@ -248,10 +270,15 @@ def create_app(
     def answer_endpoint(body: AnswerRequest) -> AnswerOut:
         started = time.perf_counter()
         pinned = mem.snapshot()
-        answer = pinned.answer(
-            body.question, conversation_id=body.conversation_id, speaker=body.speaker, preset=body.preset,
-            question_date=body.question_date, trace=body.trace, embed=body.embed,
+        future = answer_pool.submit(
+            pinned.answer, body.question, conversation_id=body.conversation_id, speaker=body.speaker,
+            preset=body.preset, question_date=body.question_date, trace=body.trace, embed=body.embed,
         )
+        try:
+            answer = future.result(timeout=deadline_s)
+        except FutureTimeout:
+            future.cancel()  # still queued: never runs; running: finishes at the adapter's timeout
+            raise AnswerTimeoutError(f"no answer within {deadline_s:g} s (TMEM_ANSWER_TIMEOUT_S)") from None
         took = (time.perf_counter() - started) * 1000
         return answer_out(answer, preset=body.preset, took_ms=took, include_context=body.include_context)
 
