@@ -30,7 +30,7 @@ SPECIALS = (
     "\x00", "\x07", "\x1b", "\x7f", "\x85", "\u2028", "\u2029", "\t", "\n", "\r",  # control characters
     "\U0001f642", "\U0001d11e", "\u05d0", "\u0627", "\u4f1a", "'", '"', "\\", "/", "%", "_",
 )
-_CHARS = st.one_of(st.characters(exclude_categories=("Cs",)), st.sampled_from(SPECIALS))
+_CHARS = st.one_of(st.characters(exclude_categories=["Cs"]), st.sampled_from(SPECIALS))
 HOSTILE_TEXT = st.text(_CHARS, min_size=1, max_size=30).filter(lambda s: bool(s.strip()))
 HUGE_TEXT = "\u00e9" * 600_000 + " \u202eend"  # 1.2 MB of UTF-8 in one turn
 DEEP_DEPTHS = (2, 30, 5_000, 100_000)
@@ -102,7 +102,7 @@ def jsonl_cases(draw: st.DrawFn, mutation: str | None = None) -> Case:
         n = draw(st.integers(1, 4))
         for k, turn_id in enumerate(_distinct(draw, n)):
             moment += timedelta(seconds=draw(st.integers(1, 3 * 86_400)))
-            turn = {
+            turn: dict[str, Any] = {
                 "conversation_id": cid, "session_id": "s1" if k < n // 2 + 1 else "s2", "turn_id": turn_id,
                 "speaker": speakers[k % 2], "text": draw(HOSTILE_TEXT), "timestamp": _iso(moment.astimezone(tz), draw),
             }

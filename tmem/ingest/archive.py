@@ -109,7 +109,7 @@ def decode_json(text: str) -> Any:
         raise InvalidJson(exc.msg, exc.lineno, exc.colno) from None
     except RecursionError:
         line, column = _deep_position(text, MAX_NESTING_SHOWN)
-        raise InvalidJson(f"nested more than {MAX_NESTING_SHOWN} levels deep", line, column) from None
+        raise InvalidJson(f"nested too deeply (past {MAX_NESTING_SHOWN} levels here)", line, column) from None
 
 
 def _deep_position(text: str, depth: int) -> tuple[int | None, int | None]:
