@@ -8,9 +8,11 @@ the reason, so that the message alone says what to fix.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +22,11 @@ from tmem.errors import IngestError
 SourceFormat = Literal["locomo", "jsonl"]
 SOURCE_FORMATS: tuple[SourceFormat, ...] = ("locomo", "jsonl")
 ROOT = "(root)"
+MAX_INT_DIGITS = 100  # a longer integer is no id, count or category: refuse it (CPython refuses > 4300 anyway)
+MAX_NESTING_SHOWN = 100  # depth named when a document nests deeper than the decoder can follow
+INT64_RANGE = (-(2**63), 2**63 - 1)
+SHOWN_CHARS = 80  # values echoed in an error message are cut to this many characters
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -59,9 +66,73 @@ def _object_pairs(pairs: list[tuple[str, Any]]) -> JsonObject:
     return obj
 
 
+class InvalidJson(ValueError):
+    """The text is not a JSON document tmem accepts; ``line``/``column`` are 1-based when known."""
+
+    def __init__(self, reason: str, line: int | None = None, column: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.line = line
+        self.column = column
+
+
+def _refuse_constant(name: str) -> Any:
+    raise InvalidJson(f"{name} is not a JSON value")
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise InvalidJson(f"an integer with {len(digits.lstrip('-'))} digits is too long (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InvalidJson(f"number {shown(text)} is out of range")
+    return value
+
+
 def decode_json(text: str) -> Any:
-    """``json.loads`` that keeps track of repeated object keys (see :class:`JsonObject`)."""
-    return json.loads(text, object_pairs_hook=_object_pairs)
+    """Strict ``json.loads``: tracks repeated object keys (see :class:`JsonObject`), refuses NaN and
+    Infinity (not JSON), over-long integers, out-of-range floats and nesting deeper than the decoder
+    can follow. Every refusal is an :class:`InvalidJson`."""
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_object_pairs,
+            parse_constant=_refuse_constant,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+        )
+    except json.JSONDecodeError as exc:
+        raise InvalidJson(exc.msg, exc.lineno, exc.colno) from None
+    except RecursionError:
+        line, column = _deep_position(text, MAX_NESTING_SHOWN)
+        raise InvalidJson(f"nested too deeply (past {MAX_NESTING_SHOWN} levels here)", line, column) from None
+
+
+def _deep_position(text: str, depth: int) -> tuple[int | None, int | None]:
+    """Line and column where the nesting of ``text`` first exceeds ``depth`` (only run on error)."""
+    level, in_string, escaped = 0, False, False
+    for offset, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            level += 1
+            if level > depth:
+                line = text.count("\n", 0, offset) + 1
+                return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+        elif char in "]}":
+            level -= 1
+    return None, None
 
 
 def read_text(path: Path) -> str:
@@ -95,10 +166,28 @@ def parse_iso_timestamp(value: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"timestamp {value!r} is not ISO 8601 (e.g. 2024-05-01T09:30:00+02:00)") from None
+        raise ValueError(f"timestamp {shown(value)} is not ISO 8601 (e.g. 2024-05-01T09:30:00+02:00)") from None
     if parsed.tzinfo is None or parsed.utcoffset() is None:
-        raise ValueError(f"timestamp {value!r} has no UTC offset; add one, e.g. 'Z' or '+02:00'")
+        raise ValueError(f"timestamp {shown(value)} has no UTC offset; add one, e.g. 'Z' or '+02:00'")
+    try:
+        parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"timestamp {shown(value)} is outside the years 1-9999 in UTC") from None
     return parsed
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to :data:`SHOWN_CHARS`, for echoing archive values in error messages."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+
+
+def unicode_problem(value: str) -> str | None:
+    """Why ``value`` cannot be stored as UTF-8 text (a lone surrogate from a ``\\ud800`` escape), or None."""
+    bad = _SURROGATE.search(value)
+    if bad is None:
+        return None
+    return f"holds an unpaired surrogate \\u{ord(bad.group()):04x} (not valid Unicode) at character {bad.start()}"
 
 
 @dataclass(frozen=True)
@@ -149,6 +238,9 @@ class Fields:
     def _check_string(self, key: str, value: object, *, empty_ok: bool) -> str:
         if not isinstance(value, str):
             raise self.error(f"field {key!r} must be a string, got {json_type(value)}", key)
+        problem = unicode_problem(value)
+        if problem is not None:
+            raise self.error(f"field {key!r} {problem}", key)
         if not empty_ok and not value.strip():
             raise self.error(f"field {key!r} must not be empty", key)
         return value
@@ -163,9 +255,12 @@ class Fields:
         if not isinstance(value, list):
             raise self.error(f"field {key!r} must be a list of strings, got {json_type(value)}", key)
         for i, element in enumerate(value):
+            where = child(self.where(key), i) if self.pointer else self.record
             if not isinstance(element, str):
-                where = child(self.where(key), i) if self.pointer else self.record
                 raise IngestError(self.path, where, f"{key}[{i}] must be a string, got {json_type(element)}")
+            problem = unicode_problem(element)
+            if problem is not None:
+                raise IngestError(self.path, where, f"{key}[{i}] {problem}")
         if not empty_ok and not value:
             raise self.error(f"field {key!r} must not be an empty list", key)
         return list(value)
@@ -177,6 +272,8 @@ class Fields:
         # bool is an int in Python but not in JSON's eyes.
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(f"field {key!r} must be an integer, got {json_type(value)}", key)
+        if not INT64_RANGE[0] <= value <= INT64_RANGE[1]:
+            raise self.error(f"field {key!r} is out of range (a 64-bit integer)", key)
         return value
 
     def timestamp(self, key: str, parse: Callable[[str], datetime] = parse_iso_timestamp) -> datetime:

@@ -22,7 +22,7 @@ from typing import Any
 import polars as pl
 
 from tmem.errors import IngestError
-from tmem.ingest.archive import ParsedArchive
+from tmem.ingest.archive import ParsedArchive, shown
 from tmem.store.ingest_writer import UTC_TIME, IngestPlan, StoredState
 
 TURN_KEY = ["conversation_id", "turn_id"]
@@ -194,7 +194,7 @@ def _new_turns(turns: pl.DataFrame, stored: StoredState, watermarks: pl.DataFram
         raise IngestError(
             row["source_path"],
             row["source_record"],
-            f"conflicting change: turn {row['turn_id']!r} of conversation {row['conversation_id']!r} is already "
+            f"conflicting change: turn {shown(row['turn_id'])} of conversation {shown(row['conversation_id'])} is already "
             f"stored with a different {field} (stored {_short(row[f'{field}_stored'])}, archive {_short(row[field])}); "
             "ingested turns are never overwritten",
         )
@@ -218,19 +218,19 @@ def _new_turns(turns: pl.DataFrame, stored: StoredState, watermarks: pl.DataFram
     _refuse(
         fresh,
         pl.col("seq") < pl.col("last_stored_seq"),
-        lambda r: f"turn {r['turn_id']!r} is new but comes before the already stored turn {r['last_stored_turn']!r} "
+        lambda r: f"turn {shown(r['turn_id'])} is new but comes before the already stored turn {shown(r['last_stored_turn'])} "
         "in the archive; ingest only appends after what is stored",
     )
     _refuse(
         fresh,
         pl.col("event_time") < pl.col("watermark_time"),
-        lambda r: f"turn {r['turn_id']!r} at {r['event_time'].isoformat()} is earlier than the stored watermark "
-        f"{r['watermark_time'].isoformat()} of conversation {r['conversation_id']!r}; ingest only appends",
+        lambda r: f"turn {shown(r['turn_id'])} at {r['event_time'].isoformat()} is earlier than the stored watermark "
+        f"{r['watermark_time'].isoformat()} of conversation {shown(r['conversation_id'])}; ingest only appends",
     )
     _refuse(
         fresh,
         pl.col("stored_session_index") != pl.col("watermark_session_index"),
-        lambda r: f"turn {r['turn_id']!r} continues session {r['session_id']!r}, which is closed: a later session "
+        lambda r: f"turn {shown(r['turn_id'])} continues session {shown(r['session_id'])}, which is closed: a later session "
         "is already stored",
     )
     return fresh.with_columns(
@@ -263,7 +263,7 @@ def _new_qa(qa: pl.DataFrame, stored: pl.DataFrame) -> pl.DataFrame:
         raise IngestError(
             row["source_path"],
             row["source_record"],
-            f"conflicting change: QA item {row['qa_index']} of conversation {row['conversation_id']!r} is already "
+            f"conflicting change: QA item {row['qa_index']} of conversation {shown(row['conversation_id'])} is already "
             f"stored with a different {field} (stored {_short(row[f'{field}_stored'])}, archive {_short(row[field])})",
         )
     return joined.filter(~pl.col("_stored")).select(qa.columns)

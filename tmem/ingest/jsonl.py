@@ -15,14 +15,24 @@ The format is specified in docs/ingest-formats.md. In short::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from tmem.domain import Conversation, Session, Turn
 from tmem.errors import IngestError
-from tmem.ingest.archive import Fields, JsonObject, ParsedArchive, RecordIndex, decode_json, json_type, read_text
+from tmem.ingest.archive import (
+    Fields,
+    InvalidJson,
+    JsonObject,
+    ParsedArchive,
+    RecordIndex,
+    decode_json,
+    json_type,
+    read_text,
+    shown,
+    unicode_problem,
+)
 
 TURN_FIELDS = frozenset({"kind", "conversation_id", "session_id", "turn_id", "speaker", "text", "timestamp", "metadata"})
 CONVERSATION_FIELDS = frozenset({"kind", "conversation_id", "speakers"})
@@ -65,12 +75,13 @@ def parse_jsonl(lines: list[str], path: str) -> ParsedArchive:
         record = f"line {number}"
         try:
             value = decode_json(line)
-        except json.JSONDecodeError as exc:
-            raise IngestError(path, record, f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+        except InvalidJson as exc:
+            column = f" (column {exc.column})" if exc.column is not None else ""
+            raise IngestError(path, record, f"not valid JSON: {exc.reason}{column}") from None
         fields = Fields.of(value, path, record, pointer=False)
         kind = fields.optional_string("kind", empty_ok=False) or "turn"
         if kind not in RECORD_KINDS:
-            raise fields.error(f"unknown record kind {kind!r}; expected one of {', '.join(RECORD_KINDS)}")
+            raise fields.error(f"unknown record kind {shown(kind)}; expected one of {', '.join(RECORD_KINDS)}")
         if kind == "conversation":
             _declare(fields, open_conversations)
         else:
@@ -85,7 +96,7 @@ def parse_jsonl(lines: list[str], path: str) -> ParsedArchive:
 def _refuse_unknown_fields(fields: Fields, allowed: frozenset[str]) -> None:
     unknown = sorted(set(fields.obj) - allowed)
     if unknown:
-        raise fields.error(f"unknown field {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+        raise fields.error(f"unknown field {shown(unknown[0])}; allowed: {', '.join(sorted(allowed))}")
 
 
 def _declare(fields: Fields, open_conversations: dict[str, _Open]) -> None:
@@ -97,13 +108,13 @@ def _declare(fields: Fields, open_conversations: dict[str, _Open]) -> None:
             raise fields.error("field 'speakers' must not contain an empty name")
     duplicates = sorted({s for s in speakers if speakers.count(s) > 1})
     if duplicates:
-        raise fields.error(f"speaker {duplicates[0]!r} is declared twice")
+        raise fields.error(f"speaker {shown(duplicates[0])} is declared twice")
     state = open_conversations.get(conversation_id)
     if state is not None and state.declared_on is not None:
-        raise fields.error(f"conversation {conversation_id!r} is already declared on {state.declared_on}")
+        raise fields.error(f"conversation {shown(conversation_id)} is already declared on {state.declared_on}")
     if state is not None:
         raise fields.error(
-            f"conversation {conversation_id!r} is declared after its first turn ({state.turns[0].turn_id!r} "
+            f"conversation {shown(conversation_id)} is declared after its first turn ({shown(state.turns[0].turn_id)} "
             f"on {state.turn_lines[state.turns[0].turn_id]}); put the declaration first"
         )
     open_conversations[conversation_id] = _Open(conversation_id, tuple(speakers), fields.record)
@@ -122,22 +133,24 @@ def _add_turn(fields: Fields, open_conversations: dict[str, _Open]) -> None:
     state = open_conversations.setdefault(conversation_id, _Open(conversation_id))
     if state.declared_speakers is not None and speaker not in state.declared_speakers:
         raise fields.error(
-            f"unknown speaker {speaker!r}; conversation {conversation_id!r} declares "
-            f"{', '.join(repr(s) for s in state.declared_speakers)} on {state.declared_on}"
+            f"unknown speaker {shown(speaker)}; conversation {shown(conversation_id)} declares "
+            f"{', '.join(shown(s) for s in state.declared_speakers[:10])} on {state.declared_on}"
         )
     if turn_id in state.turn_lines:
-        raise fields.error(f"duplicate turn id {turn_id!r} in conversation {conversation_id!r} (first on {state.turn_lines[turn_id]})")
+        raise fields.error(
+            f"duplicate turn id {shown(turn_id)} in conversation {shown(conversation_id)} (first on {state.turn_lines[turn_id]})"
+        )
     if state.last_time is not None and event_time < state.last_time:
         raise fields.error(
-            f"timestamps go backwards in conversation {conversation_id!r}: {event_time.isoformat()} is before "
+            f"timestamps go backwards in conversation {shown(conversation_id)}: {event_time.isoformat()} is before "
             f"{state.last_time.isoformat()} on {state.last_line}"
         )
     current = state.sessions[-1].session_id if state.sessions else None
     if session_id != current:
         if session_id in state.session_lines:
             raise fields.error(
-                f"session {session_id!r} resumes after session {current!r} began; a session's turns must be "
-                f"contiguous (session {session_id!r} began on {state.session_lines[session_id]})"
+                f"session {shown(session_id)} resumes after session {shown(current)} began; a session's turns must be "
+                f"contiguous (session {shown(session_id)} began on {state.session_lines[session_id]})"
             )
         state.sessions.append(
             Session(
@@ -173,16 +186,19 @@ def _metadata(fields: Fields) -> dict[str, str]:
     if not isinstance(raw, dict):
         raise fields.error(f"field 'metadata' must be an object of string values, got {json_type(raw)}")
     if isinstance(raw, JsonObject) and raw.duplicate_keys:
-        raise fields.error(f"duplicate metadata key {raw.duplicate_keys[0]!r}")
+        raise fields.error(f"duplicate metadata key {shown(raw.duplicate_keys[0])}")
     for key, value in raw.items():
         if not isinstance(value, str):
-            raise fields.error(f"metadata value {key!r} must be a string, got {json_type(value)}")
+            raise fields.error(f"metadata value {shown(key)} must be a string, got {json_type(value)}")
+        problem = unicode_problem(key) or unicode_problem(value)
+        if problem is not None:
+            raise fields.error(f"metadata entry {shown(key)} {problem}")
     return dict(raw)
 
 
 def _close(state: _Open, path: str, records: RecordIndex) -> Conversation:
     if not state.turns:
-        raise IngestError(path, state.declared_on or "file", f"conversation {state.conversation_id!r} has no turns")
+        raise IngestError(path, state.declared_on or "file", f"conversation {shown(state.conversation_id)} has no turns")
     records.conversations[state.conversation_id] = state.declared_on or state.turn_lines[state.turns[0].turn_id]
     for turn in state.turns:
         records.turns[(state.conversation_id, turn.turn_id)] = state.turn_lines[turn.turn_id]

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from tmem.errors import IngestError
-from tmem.ingest.archive import SOURCE_FORMATS, ParsedArchive, SourceFormat, read_text
+from tmem.ingest.archive import SOURCE_FORMATS, ParsedArchive, SourceFormat, read_text, shown
 from tmem.ingest.frames import archive_frames, plan_ingest
 from tmem.ingest.jsonl import parse_jsonl_text
 from tmem.ingest.locomo import parse_locomo_text
@@ -85,7 +85,7 @@ def read_archives(paths: Sequence[Path], source_format: SourceFormat | None = No
                 raise IngestError(
                     archive.path,
                     archive.records.conversations[cid],
-                    f"conversation {cid!r} also appears in {seen[cid]}; ingest these files in separate commands",
+                    f"conversation {shown(cid)} also appears in {seen[cid]}; ingest these files in separate commands",
                 )
             seen[cid] = archive.path
         archives.append(archive)

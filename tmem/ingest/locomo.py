@@ -15,7 +15,6 @@ Decisions (documented in docs/ingest-formats.md):
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,11 +22,24 @@ from typing import Any
 
 from tmem.domain import Conversation, QAItem, Session, Turn
 from tmem.errors import IngestError
-from tmem.ingest.archive import ROOT, Fields, ParsedArchive, RecordIndex, child, decode_json, json_type, read_text
+from tmem.ingest.archive import (
+    ROOT,
+    Fields,
+    InvalidJson,
+    ParsedArchive,
+    RecordIndex,
+    child,
+    decode_json,
+    json_type,
+    read_text,
+    shown,
+    unicode_problem,
+)
 
 TURN_SPACING = timedelta(seconds=1)
 PHOTO_TEMPLATE = "[shares a photo: {caption}]"
 
+MAX_SESSION_NUMBER = 999_999
 _SESSION_KEY = re.compile(r"session_(\d+)")
 _DATE_KEY = re.compile(r"session_(\d+)_date_time")
 _LOCOMO_TIME = re.compile(
@@ -50,7 +62,7 @@ def parse_locomo_datetime(value: str) -> datetime:
     """``"1:56 pm on 8 May, 2023"`` → 2023-05-08 13:56 UTC. English month names, no locale use."""
     match = _LOCOMO_TIME.fullmatch(value)
     if match is None:
-        raise ValueError(f"{value!r} is not a LoCoMo date like '1:56 pm on 8 May, 2023'")
+        raise ValueError(f"{shown(value)} is not a LoCoMo date like '1:56 pm on 8 May, 2023'")
     hour, minute = int(match["hour"]), int(match["minute"])
     month = _MONTHS.get(match["month"].lower())
     if month is None:
@@ -81,8 +93,9 @@ def parse_locomo_text(text: str, path: str) -> ParsedArchive:
     """Validate the text of a LoCoMo JSON file; ``path`` names it in errors."""
     try:
         data = decode_json(text)
-    except json.JSONDecodeError as exc:
-        raise IngestError(path, f"line {exc.lineno} column {exc.colno}", f"not valid JSON: {exc.msg}") from None
+    except InvalidJson as exc:
+        where = "file" if exc.line is None else f"line {exc.line} column {exc.column}"
+        raise IngestError(path, where, f"not valid JSON: {exc.reason}") from None
     return parse_locomo(data, path)
 
 
@@ -104,14 +117,14 @@ def _parse_sample(sample: Fields, records: RecordIndex) -> Conversation:
     conversation_id = sample.string("sample_id")
     if conversation_id in records.conversations:
         first = records.conversations[conversation_id]
-        raise sample.error(f"duplicate sample_id {conversation_id!r} (first at {first})", "sample_id")
+        raise sample.error(f"duplicate sample_id {shown(conversation_id)} (first at {first})", "sample_id")
     records.conversations[conversation_id] = sample.where()
     if "conversation" not in sample.obj:
         raise sample.error("missing required field 'conversation'", "conversation")
     conv = Fields.of(sample.obj["conversation"], sample.path, sample.where("conversation"), pointer=True, what="conversation")
     speaker_a, speaker_b = conv.string("speaker_a"), conv.string("speaker_b")
     if speaker_a == speaker_b:
-        raise conv.error(f"speaker_a and speaker_b are both {speaker_a!r}", "speaker_b")
+        raise conv.error(f"speaker_a and speaker_b are both {shown(speaker_a)}", "speaker_b")
     numbers, date_keys = _session_keys(conv)
 
     sessions: list[Session] = []
@@ -136,17 +149,21 @@ def _parse_sample(sample: Fields, records: RecordIndex) -> Conversation:
         session_pointer = conv.where(numbers[number])
         for k, raw in enumerate(raw_turns):
             turn_fields = Fields.of(raw, conv.path, child(session_pointer, k), pointer=True, what="turn")
+            try:
+                event_time = started_at + k * TURN_SPACING
+            except OverflowError:
+                raise turn_fields.error(f"turn {k} of {key} would fall after the year 9999") from None
             turn = _parse_turn(
                 turn_fields,
                 conversation_id=conversation_id,
                 session_id=key,
                 seq=len(turns),
-                event_time=started_at + k * TURN_SPACING,
+                event_time=event_time,
                 speakers=(speaker_a, speaker_b),
             )
             if turn.turn_id in seen_turns:
                 raise turn_fields.error(
-                    f"duplicate turn id {turn.turn_id!r} (first at {seen_turns[turn.turn_id]})", "dia_id"
+                    f"duplicate turn id {shown(turn.turn_id)} (first at {seen_turns[turn.turn_id]})", "dia_id"
                 )
             seen_turns[turn.turn_id] = turn_fields.where()
             records.turns[(conversation_id, turn.turn_id)] = turn_fields.where()
@@ -175,14 +192,19 @@ def _session_keys(conv: Fields) -> tuple[dict[int, str], dict[int, str]]:
     for key, value in conv.obj.items():
         date_match = _DATE_KEY.fullmatch(key)
         if date_match is not None:
-            if int(date_match[1]) in dates:
-                raise conv.error(f"duplicate date key for session {int(date_match[1])} (also {dates[int(date_match[1])]!r})", key)
-            dates[int(date_match[1])] = key
+            date_number = _session_number(date_match[1])
+            if date_number is None:
+                continue  # no session can have this number: an unused date key, ignored like the others
+            if date_number in dates:
+                raise conv.error(f"duplicate date key for session {date_number} (also {dates[date_number]!r})", key)
+            dates[date_number] = key
             continue
         match = _SESSION_KEY.fullmatch(key)
         if match is None:
             continue
-        number = int(match[1])
+        number = _session_number(match[1])
+        if number is None:
+            raise conv.error(f"key {shown(key)}: session number too large (at most {MAX_SESSION_NUMBER})")
         if number < 1:
             raise conv.error("session numbers start at 1", key)
         if number in found:
@@ -193,10 +215,19 @@ def _session_keys(conv: Fields) -> tuple[dict[int, str], dict[int, str]]:
     if not found:
         raise conv.error("no session_<N> keys: the conversation has no sessions")
     ordered = sorted(found)
-    missing = sorted(set(range(1, ordered[-1] + 1)) - set(ordered))
-    if missing:
-        raise conv.error(f"session numbers must run 1..{ordered[-1]} without gaps; session_{missing[0]} is missing")
+    if len(ordered) != ordered[-1]:  # numbers are distinct and >= 1, so a gap shows as fewer keys than the last number
+        missing = next(n for n, number in enumerate(ordered, start=1) if n != number)
+        raise conv.error(f"session numbers must run 1..{ordered[-1]} without gaps; session_{missing} is missing")
     return {number: found[number] for number in ordered}, dates
+
+
+def _session_number(digits: str) -> int | None:
+    """The number of a ``session_<digits>`` key (leading zeros allowed), None above MAX_SESSION_NUMBER."""
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > len(str(MAX_SESSION_NUMBER)):
+        return None
+    number = int(significant)
+    return number if number <= MAX_SESSION_NUMBER else None
 
 
 def _parse_turn(
@@ -210,7 +241,10 @@ def _parse_turn(
 ) -> Turn:
     speaker = turn.string("speaker")
     if speaker not in speakers:
-        raise turn.error(f"unknown speaker {speaker!r}; this conversation's speakers are {speakers[0]!r} and {speakers[1]!r}", "speaker")
+        raise turn.error(
+            f"unknown speaker {shown(speaker)}; this conversation's speakers are {shown(speakers[0])} and {shown(speakers[1])}",
+            "speaker",
+        )
     turn_id = turn.string("dia_id")
     caption = turn.optional_string("blip_caption", empty_ok=False)
     text = turn.string("text", empty_ok=caption is not None)
@@ -279,4 +313,9 @@ def _answer(qa: Fields, key: str) -> str | None:
         return None
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise qa.error(f"field {key!r} must be a string or a number, got {json_type(value)}", key)
-    return value if isinstance(value, str) else str(value)
+    if isinstance(value, str):
+        problem = unicode_problem(value)
+        if problem is not None:
+            raise qa.error(f"field {key!r} {problem}", key)
+        return value
+    return str(value)
