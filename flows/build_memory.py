@@ -219,9 +219,11 @@ def build_memory(
         finish_run(b.con, run_id, status=status, counts=summary.counts, usage=summary.usage_totals(),
                    failures=[f.__dict__ for f in failures], snapshot_id=snapshot_id, at=datetime.now(UTC))
         model = b.chat.model_name
-        cost = estimate_cost(model, summary.prompt_tokens, summary.completion_tokens, table)
+        batch = {"batch_prompt_tokens": summary.batch_prompt_tokens,
+                 "batch_completion_tokens": summary.batch_completion_tokens}
+        cost = estimate_cost(model, summary.prompt_tokens, summary.completion_tokens, table, **batch)
         report = render_markdown(summary) + "\n" + cost_markdown(model, summary.prompt_tokens,
-                                                                summary.completion_tokens, table)
+                                                                summary.completion_tokens, table, **batch)
         create_markdown_artifact(markdown=report, key="tmem-build-report",
                                  description=f"tmem build {run_id}: {status}")
         return summary.to_json() | {"model": model, "cost_usd": cost}

@@ -1,6 +1,7 @@
 """A scripted OpenAI-compatible chat server for tests and benchmarks (never a product fallback).
 
-It serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1. The answer's
+It serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1, and the Files and
+Batches endpoints of the Batch API (:mod:`tmem.devtools.scripted_batch`, ``server.batches``). The answer's
 content comes from a *responder*, ``(operation, request_json) -> content``, chosen by the
 request's ``X-Tmem-Operation`` header: first the responders given to :class:`ScriptedLLM`,
 then the module registry (:func:`register_responder`; ``tmem.devtools.synth`` registers its
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal, get_args
 
+from tmem.devtools.scripted_batch import ScriptedBatches
 from tmem.prompts.base import INPUT_OPEN, parse_input
 
 Responder = Callable[[str, dict[str, Any]], str]
@@ -103,6 +105,7 @@ class RecordedRequest:
     content: str | None  # the content sent (None for error responses)
     usage: dict[str, int] | None  # the usage sent (None for errors or when omitted)
     error: str | None = None  # the error message sent, for error responses
+    via: str = "chat"  # "chat": POST /v1/chat/completions; "batch": a line of a batch
 
 
 class _NoResponder(LookupError):
@@ -130,6 +133,8 @@ class ScriptedLLM:
         timeout_sleep_s: float = 2.0,
         reject_json_schema: bool = False,
         omit_usage: bool = False,
+        batch_in_progress_polls: int = 1,
+        batch_delay_s: float = 0.0,
     ) -> None:
         unknown = set(fault_kinds) - set(FAULT_KINDS)
         if unknown:
@@ -153,6 +158,10 @@ class ScriptedLLM:
         self._scripted: dict[str | None, deque[FaultKind]] = defaultdict(deque)
         self._rngs: dict[str, random.Random] = {}
         self._requests: list[RecordedRequest] = []
+        self.batches = ScriptedBatches(
+            lambda op, body: self.handle_chat(op, body, via="batch")[:2],
+            in_progress_polls=batch_in_progress_polls, delay_s=batch_delay_s,
+        )
         self._server = ThreadingHTTPServer((host, port), _make_handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -246,12 +255,12 @@ class ScriptedLLM:
             self._stopping.wait(seconds)
 
     def handle_chat(
-        self, operation: str, body: dict[str, Any], authorization: str = ""
+        self, operation: str, body: dict[str, Any], authorization: str = "", via: str = "chat"
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """The (status, JSON body, extra headers) answering one chat request."""
+        """The (status, JSON body, extra headers) answering one chat request (or one batch line, unslept)."""
 
         def fail(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-            self._record(RecordedRequest(operation, body, status, fault, None, None, message))
+            self._record(RecordedRequest(operation, body, status, fault, None, None, message, via))
             return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
 
         fault: FaultKind | None = None
@@ -281,9 +290,10 @@ class ScriptedLLM:
         elif fault == "invalid":
             content = _break_schema(content, fmt)
         usage = None if self.omit_usage else _usage(body, content)
-        self._record(RecordedRequest(operation, body, 200, fault, content, usage))  # before any sleep
-        delay = {"slow": self.slow_s, "timeout": self.timeout_sleep_s}.get(fault or "", 0.0)
-        self._sleep(delay + self.latency_ms / 1000.0)
+        self._record(RecordedRequest(operation, body, 200, fault, content, usage, None, via))  # before any sleep
+        if via == "chat":
+            delay = {"slow": self.slow_s, "timeout": self.timeout_sleep_s}.get(fault or "", 0.0)
+            self._sleep(delay + self.latency_ms / 1000.0)
         reply: dict[str, Any] = {
             "id": f"chatcmpl-scripted-{len(self._requests)}",
             "object": "chat.completion",
@@ -337,8 +347,20 @@ def _make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client gave up (e.g. a timeout fault)
 
+        def _send_raw(self, status: int, data: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_GET(self) -> None:
-            if self.path.rstrip("/") == "/v1/models":
+            path = self.path.rstrip("/")
+            if path.startswith("/v1/batches/"):
+                self._send(*server.batches.retrieve(path.removeprefix("/v1/batches/")))
+            elif path.startswith("/v1/files/") and path.endswith("/content"):
+                self._send_raw(*server.batches.content(path.removeprefix("/v1/files/").removesuffix("/content")))
+            elif path == "/v1/models":
                 model = {"id": server.model, "object": "model", "created": 0, "owned_by": "tmem-scripted"}
                 self._send(200, {"object": "list", "data": [model]})
             else:
@@ -347,13 +369,19 @@ def _make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
-            if self.path.rstrip("/") != "/v1/chat/completions":
+            if self.path.rstrip("/") == "/v1/files":
+                self._send(*server.batches.upload(self.headers.get("Content-Type") or "", raw))
+                return
+            if self.path.rstrip("/") not in ("/v1/chat/completions", "/v1/batches"):
                 self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return
             try:
                 body = json.loads(raw or b"{}")
             except json.JSONDecodeError as exc:
                 self._send(400, {"error": {"message": f"request body is not JSON: {exc}", "type": "invalid_request_error"}})
+                return
+            if self.path.rstrip("/") == "/v1/batches":
+                self._send(*server.batches.create(body))
                 return
             fmt_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
             operation = self.headers.get(OPERATION_HEADER) or fmt_name or "unknown"
