@@ -1,0 +1,114 @@
+"""Batched construction under the Prefect flow (issue 7, point 6).
+
+The same LoCoMo slice is built twice against one deterministic scripted server, with
+``TMEM_LLM_BATCH`` off and on. "Same memory" is :mod:`tmem.store.memory_image`, as in
+tests/test_flow_incremental.py. With batching on, the requests of the batched operations reach the
+server only as batch lines — exactly the requests the synchronous build sent — while segmentation
+and topic admission stay synchronous; the cost estimate prices the batched tokens at 50 %.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.flow_helpers import ingest_slice, published, set_llm_env
+from tmem.devtools.scripted_llm import RecordedRequest, ScriptedLLM
+from tmem.pricing import estimate_cost
+from tmem.settings import BATCHABLE_OPERATIONS
+from tmem.store.duck import connect
+from tmem.store.memory_image import diff_images, memory_image
+
+pytestmark = [pytest.mark.prefect, pytest.mark.slow]
+
+CONV = "conv-30"
+SERIAL_OPERATIONS = {"scene_boundaries", "scene_pack", "topic_match", "topic_create"}
+
+
+@dataclass
+class Build:
+    store: Path
+    summary: dict[str, Any]
+    requests: list[RecordedRequest]
+
+
+@dataclass
+class Pair:
+    server: ScriptedLLM
+    off: Build
+    on: Build
+
+
+@pytest.fixture(scope="module")
+def pair(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    from flows.build_memory import build_memory
+
+    root = tmp_path_factory.mktemp("batch")
+    server = ScriptedLLM().start()
+
+    def run(name: str, mp: pytest.MonkeyPatch, **env: str) -> Build:
+        set_llm_env(mp, server, **env)
+        store = root / name
+        ingest_slice(store, root / f"{name}.json", {CONV: 2})
+        before = len(server.requests)
+        summary: dict[str, Any] = build_memory(store=str(store), label=name)
+        assert summary["status"] == "completed", summary["failures"]
+        return Build(store, summary, server.requests[before:])
+
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for name in [n for n in os.environ if n.startswith(("TMEM_", "OPENAI_"))]:
+                mp.delenv(name)
+            off = run("batch-off", mp)
+            on = run("batch-on", mp, TMEM_LLM_BATCH="on", TMEM_LLM_BATCH_LINGER_S="0.3",
+                     TMEM_LLM_BATCH_POLL_S="0.05", TMEM_LLM_BATCH_POLL_MAX_S="0.2")
+            yield Pair(server, off, on)
+    finally:
+        server.stop()
+
+
+def bodies(requests: list[RecordedRequest], via: str) -> Counter[tuple[str, str]]:
+    return Counter((r.operation, repr(r.body["messages"])) for r in requests if r.via == via)
+
+
+def test_a_batched_build_publishes_the_same_memory_as_a_synchronous_one(pair: Pair) -> None:
+    off, on = memory_image(published(pair.off.store), CONV), memory_image(published(pair.on.store), CONV)
+    assert diff_images(on, off) == []
+    assert on.rows["items"] and on.rows["item_triggers"] and on.rows["scene_triggers"] and on.rows["personas"]
+
+
+def test_batched_operations_went_through_batches_and_the_serial_path_stayed_synchronous(pair: Pair) -> None:
+    sync_off, sync_on, batched_on = (bodies(pair.off.requests, "chat"), bodies(pair.on.requests, "chat"),
+                                     bodies(pair.on.requests, "batch"))
+    assert bodies(pair.off.requests, "batch") == Counter()
+    # Every request of a batchable operation was sent once, as a batch line; the same requests as without batching.
+    assert batched_on == Counter({k: n for k, n in sync_off.items() if k[0] in BATCHABLE_OPERATIONS})
+    assert {op for op, _ in batched_on} == set(BATCHABLE_OPERATIONS)
+    assert sync_on == Counter({k: n for k, n in sync_off.items() if k[0] in SERIAL_OPERATIONS})
+    lines = sum(b["request_counts"]["total"] for b in pair.server.batches.created)
+    assert lines == sum(batched_on.values()) == pair.on.summary["batch_calls"]
+    con = connect(pair.on.store, read_only=True)
+    try:
+        journal = con.execute("SELECT status, sum(requests) FROM llm_batches GROUP BY status").fetchall()
+    finally:
+        con.close()
+    assert journal == [("collected", lines)]
+
+
+def test_the_cost_estimate_prices_batched_tokens_at_half(pair: Pair) -> None:
+    off, on = pair.off.summary, pair.on.summary
+    assert (on["llm_calls"], on["prompt_tokens"], on["completion_tokens"]) == (
+        off["llm_calls"], off["prompt_tokens"], off["completion_tokens"])
+    assert off["batch_calls"] == 0 and 0 < on["batch_prompt_tokens"] < on["prompt_tokens"]
+    sync_part = estimate_cost(on["model"], on["prompt_tokens"] - on["batch_prompt_tokens"],
+                              on["completion_tokens"] - on["batch_completion_tokens"])
+    batch_part = estimate_cost(on["model"], on["batch_prompt_tokens"], on["batch_completion_tokens"])
+    assert sync_part is not None and batch_part is not None
+    assert on["cost_usd"] == pytest.approx(sync_part + 0.5 * batch_part)
+    assert off["cost_usd"] == pytest.approx(sync_part + batch_part)
