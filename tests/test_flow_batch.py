@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 
@@ -55,7 +56,7 @@ def pair(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
     def run(name: str, mp: pytest.MonkeyPatch, **env: str) -> Build:
         set_llm_env(mp, server, **env)
         store = root / name
-        ingest_slice(store, root / f"{name}.json", {CONV: 2})
+        ingest_slice(store, root / f"{name}.json", {CONV: 1})
         before = len(server.requests)
         summary: dict[str, Any] = build_memory(store=str(store), label=name)
         assert summary["status"] == "completed", summary["failures"]
@@ -112,3 +113,16 @@ def test_the_cost_estimate_prices_batched_tokens_at_half(pair: Pair) -> None:
     assert sync_part is not None and batch_part is not None
     assert on["cost_usd"] == pytest.approx(sync_part + 0.5 * batch_part)
     assert off["cost_usd"] == pytest.approx(sync_part + batch_part)
+
+
+def test_tasks_waiting_on_batches_hold_no_llm_concurrency_slot(pair: Pair) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[UUID(pair.on.summary["run_id"])])))
+    tags = {r.name.split("/")[0]: set(r.tags) for r in runs}
+    for stage in ("persona", "items", "item-triggers", "scene-triggers"):
+        assert "llm-batch" in tags[stage] and "llm" not in tags[stage], (stage, tags[stage])
+    assert "llm" in tags["segment"] and "llm" in tags["topics"]

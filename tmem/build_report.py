@@ -107,14 +107,15 @@ def render_markdown(summary: BuildSummary) -> str:
         "",
         "## LLM usage of this run",
         "",
-        "| operation | calls | of which batch | cache hits | prompt tokens | completion tokens | mean latency ms |",
+        "| operation | calls | cache hits | of the calls, via Batch API | prompt tokens | completion tokens "
+        "| mean latency ms |",
         "|---|---:|---:|---:|---:|---:|---:|",
         *[
-            f"| {op} | {u.calls - u.cache_hits} | {u.batch_calls} | {u.cache_hits} | {u.prompt_tokens} | "
+            f"| {op} | {u.calls - u.cache_hits} | {u.cache_hits} | {u.batch_calls} | {u.prompt_tokens} | "
             f"{u.completion_tokens} | {u.mean_latency_ms:.0f} |"
             for op, u in summary.usage.items()
         ],
-        f"| **total** | {summary.llm_calls} | {summary.batch_calls} | {summary.llm_cache_hits} | "
+        f"| **total** | {summary.llm_calls} | {summary.llm_cache_hits} | {summary.batch_calls} | "
         f"{summary.prompt_tokens} | {summary.completion_tokens} | |",
         "",
         "## Failures",
