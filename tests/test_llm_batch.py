@@ -19,7 +19,7 @@ from tmem.devtools.scripted_llm import ScriptedLLM, request_input
 from tmem.errors import LLMTransportError
 from tmem.pricing import cost_markdown, estimate_cost, price_table
 from tmem.prompts.base import Message, Prompt, render_input
-from tmem.providers.batch_api import BatchClient, BatchFormatError, parse_results
+from tmem.providers.batch_api import BatchClient, BatchEndpointError, BatchFormatError, parse_results
 from tmem.providers.batching import BatchConfig, BatchingChatModel
 from tmem.providers.chat import ChatConfig, LLMRequestRejectedError, OpenAIChatModel
 from tmem.providers.llm_ledger import CachedChatModel, InMemoryResponseCache, InMemoryUsageLedger
@@ -230,3 +230,12 @@ def test_batch_tokens_are_priced_at_half_the_list_price() -> None:
     report = cost_markdown("m", 3_000_000, 1_000_000, table, batch_prompt_tokens=2_000_000,
                            batch_completion_tokens=1_000_000)
     assert "$8.0000" in report and "Batch API" in report
+
+
+def test_batch_endpoint_errors_are_typed_and_never_quote_the_api_key(server: ScriptedLLM) -> None:
+    client = BatchClient(server.url, TEST_API_KEY, timeout_s=5.0, max_retries=0)
+    # The server's 404 quotes the requested id back, which here contains the key.
+    with pytest.raises(BatchEndpointError, match="status of batch") as caught:
+        client.retrieve(f"batch-{TEST_API_KEY}")
+    assert TEST_API_KEY not in str(caught.value) and "***" in str(caught.value)
+    assert caught.value.__cause__ is None

@@ -13,12 +13,14 @@ and ``batches`` resources, with the client's own retries on 429/5xx/connection e
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
 import openai
 
-from tmem.errors import LLMError
+from tmem.errors import LLMError, TmemError
 from tmem.providers.llm_ledger import TokenUsage
 
 CHAT_URL: Final = "/v1/chat/completions"
@@ -29,6 +31,10 @@ MAX_CUSTOM_ID = 64
 
 class BatchFormatError(LLMError):
     """A batch result file that is not the documented JSONL (names the file and the line)."""
+
+
+class BatchEndpointError(TmemError):
+    """A Files/Batches request failed after the client's retries (message scrubbed of the API key)."""
 
 
 @dataclass(frozen=True)
@@ -137,18 +143,34 @@ class BatchClient:
     """Files and batches of one OpenAI-compatible endpoint (the client retries transient failures)."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout_s: float, max_retries: int) -> None:
+        self._secret = api_key
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries)
+
+    @contextmanager
+    def _call(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except openai.APIError as exc:
+            failure = exc
+        else:
+            return
+        text = f"{what} failed: {type(failure).__name__}: {failure}"
+        scrubbed = text.replace(self._secret, "***") if self._secret else text
+        raise BatchEndpointError(scrubbed) from (None if scrubbed != text else failure)
 
     def submit(self, lines: list[RequestLine], metadata: dict[str, str]) -> tuple[str, str]:
         """Upload the lines and start a batch: (batch id, input file id)."""
-        uploaded = self._client.files.create(file=("tmem-batch.jsonl", encode_lines(lines)), purpose="batch")
-        batch = self._client.batches.create(
-            input_file_id=uploaded.id, endpoint=CHAT_URL, completion_window=COMPLETION_WINDOW, metadata=metadata
-        )
+        with self._call("upload of the batch input file"):
+            uploaded = self._client.files.create(file=("tmem-batch.jsonl", encode_lines(lines)), purpose="batch")
+        with self._call(f"creation of a batch over {uploaded.id}"):
+            batch = self._client.batches.create(
+                input_file_id=uploaded.id, endpoint=CHAT_URL, completion_window=COMPLETION_WINDOW, metadata=metadata
+            )
         return batch.id, uploaded.id
 
     def retrieve(self, batch_id: str) -> BatchState:
-        batch = self._client.batches.retrieve(batch_id)
+        with self._call(f"status of batch {batch_id}"):
+            batch = self._client.batches.retrieve(batch_id)
         errors = "; ".join(
             f"line {e.line}: {e.code}: {e.message}" if e.line is not None else f"{e.code}: {e.message}"
             for e in ((batch.errors.data or []) if batch.errors else [])
@@ -156,7 +178,8 @@ class BatchClient:
         return BatchState(batch.id, batch.status, batch.output_file_id, batch.error_file_id, errors)
 
     def download(self, file_id: str) -> str:
-        return self._client.files.content(file_id).text
+        with self._call(f"download of file {file_id}"):
+            return self._client.files.content(file_id).text
 
     def close(self) -> None:
         self._client.close()

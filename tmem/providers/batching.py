@@ -25,13 +25,20 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-import openai
 from pydantic import BaseModel
 
 from tmem.errors import LLMError, LLMTransportError
 from tmem.ids import content_hash
 from tmem.prompts.base import Prompt
-from tmem.providers.batch_api import BatchFormatError, BatchState, LineResult, RequestLine, custom_id_for, parse_results
+from tmem.providers.batch_api import (
+    BatchEndpointError,
+    BatchFormatError,
+    BatchState,
+    LineResult,
+    RequestLine,
+    custom_id_for,
+    parse_results,
+)
 from tmem.providers.chat import LLMRequestRejectedError
 from tmem.providers.llm_ledger import Completion, TokenUsage
 
@@ -265,7 +272,7 @@ class BatchingChatModel:
             log.warning("batch submission of %d requests failed: %s", len(lines), exc)
             for q in queued:
                 q.future.set_result(LineResult(q.custom_id, None, error=f"batch submission failed: {exc}"))
-            if not isinstance(exc, openai.APIError):
+            if not isinstance(exc, BatchEndpointError):
                 raise
             return
         batch = _Batch(batch_id)
@@ -292,7 +299,7 @@ class BatchingChatModel:
                     results.update(parse_results(self._transport.download(file_id), file_id))
         except BaseException as exc:  # the batch may still run: it stays in the journal for the next run
             self._resolve(batch, None, f"following batch {batch.batch_id} failed: {type(exc).__name__}: {exc}")
-            if not isinstance(exc, (openai.APIError, BatchFormatError)):
+            if not isinstance(exc, (BatchEndpointError, BatchFormatError)):
                 raise
             return
         if self._journal is not None:
