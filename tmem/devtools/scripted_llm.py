@@ -29,16 +29,17 @@ import threading
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Literal, get_args
 
 from tmem.devtools.scripted_batch import ScriptedBatches
+from tmem.devtools.scripted_http import OPERATION_HEADER as OPERATION_HEADER  # re-exported
+from tmem.devtools.scripted_http import make_handler
 from tmem.prompts.base import INPUT_OPEN, parse_input
 
 Responder = Callable[[str, dict[str, Any]], str]
 FaultKind = Literal["rate_limit", "server_error", "slow", "timeout", "truncated", "invalid", "unauthorized"]
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
-OPERATION_HEADER = "X-Tmem-Operation"
 
 _REGISTRY: dict[str, Responder] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -162,7 +163,7 @@ class ScriptedLLM:
             lambda op, body: self.handle_chat(op, body, via="batch")[:2],
             in_progress_polls=batch_in_progress_polls, delay_s=batch_delay_s,
         )
-        self._server = ThreadingHTTPServer((host, port), _make_handler(self))
+        self._server = ThreadingHTTPServer((host, port), make_handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -326,71 +327,6 @@ def _break_schema(content: str, fmt: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in data.items() if k not in required})
 
 
-def _make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as the openai client pools connections
-        disable_nagle_algorithm = True  # else headers and body wait on delayed ACKs (~40 ms a call)
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: requests are recorded
-            return
-
-        def _send(self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
-            data = json.dumps(payload).encode("utf-8")
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True  # the client gave up (e.g. a timeout fault)
-
-        def _send_raw(self, status: int, data: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            path = self.path.rstrip("/")
-            if path.startswith("/v1/batches/"):
-                self._send(*server.batches.retrieve(path.removeprefix("/v1/batches/")))
-            elif path.startswith("/v1/files/") and path.endswith("/content"):
-                self._send_raw(*server.batches.content(path.removeprefix("/v1/files/").removesuffix("/content")))
-            elif path == "/v1/models":
-                model = {"id": server.model, "object": "model", "created": 0, "owned_by": "tmem-scripted"}
-                self._send(200, {"object": "list", "data": [model]})
-            else:
-                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            if self.path.rstrip("/") == "/v1/files":
-                self._send(*server.batches.upload(self.headers.get("Content-Type") or "", raw))
-                return
-            if self.path.rstrip("/") not in ("/v1/chat/completions", "/v1/batches"):
-                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
-                return
-            try:
-                body = json.loads(raw or b"{}")
-            except json.JSONDecodeError as exc:
-                self._send(400, {"error": {"message": f"request body is not JSON: {exc}", "type": "invalid_request_error"}})
-                return
-            if self.path.rstrip("/") == "/v1/batches":
-                self._send(*server.batches.create(body))
-                return
-            fmt_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
-            operation = self.headers.get(OPERATION_HEADER) or fmt_name or "unknown"
-            status, payload, headers = server.handle_chat(operation, body, self.headers.get("Authorization") or "")
-            self._send(status, payload, headers)
-
-    return Handler
-
-
 def _load_synth_responders() -> dict[str, Responder]:
     """The responders of ``tmem.devtools.synth`` if it exists.
 
@@ -417,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reject-json-schema", action="store_true")
     parser.add_argument("--omit-usage", action="store_true")
+    parser.add_argument("--batch-in-progress-polls", type=int, default=1, help="polls a batch answers in_progress")
+    parser.add_argument("--batch-delay-s", type=float, default=0.0, help="a batch runs at least this long")
     args = parser.parse_args(argv)
     synth_responders = _load_synth_responders()
     for operation, fn in synth_responders.items():
@@ -432,6 +370,8 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         reject_json_schema=args.reject_json_schema,
         omit_usage=args.omit_usage,
+        batch_in_progress_polls=args.batch_in_progress_polls,
+        batch_delay_s=args.batch_delay_s,
     )
     ops = ", ".join(sorted(registered_responders())) or "none"
     print(f"scripted LLM serving {server.url} (responders: {ops}; synth {'loaded' if has_synth else 'absent'})", flush=True)
