@@ -10,6 +10,9 @@ and topic admission stay synchronous; the cost estimate prices the batched token
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +22,8 @@ from uuid import UUID
 
 import pytest
 
-from tests.flow_helpers import ingest_slice, published, set_llm_env
+from tests.flow_helpers import ingest_slice, published, set_llm_env, wait_for
+from tests.paths import REPO
 from tmem.devtools.scripted_llm import RecordedRequest, ScriptedLLM
 from tmem.pricing import estimate_cost
 from tmem.settings import BATCHABLE_OPERATIONS
@@ -126,3 +130,44 @@ def test_tasks_waiting_on_batches_hold_no_llm_concurrency_slot(pair: Pair) -> No
     for stage in ("persona", "items", "item-triggers", "scene-triggers"):
         assert "llm-batch" in tags[stage] and "llm" not in tags[stage], (stage, tags[stage])
     assert "llm" in tags["segment"] and "llm" in tags["topics"]
+
+
+def test_a_build_killed_with_a_batch_in_flight_reattaches_to_it_on_the_next_run(pair: Pair, tmp_path: Path) -> None:
+    """``python -m tmem build`` SIGKILLed once its first batch is submitted and journalled (polled);
+    the next run collects that batch instead of sending its requests again, and publishes the same memory."""
+    from prefect.settings import get_current_settings
+
+    store = tmp_path / "killed"
+    ingest_slice(store, tmp_path / "killed.json", {CONV: 1})
+    env = dict(os.environ) | {
+        "PREFECT_API_URL": str(get_current_settings().api.url), "PREFECT_LOGGING_LEVEL": "WARNING",
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO),
+    }
+    command = [sys.executable, "-m", "tmem", "build", "--store", str(store), "--json"]
+    batches = pair.server.batches
+    seen = len(batches.created)
+    batches.hold()
+    try:
+        with (tmp_path / "killed.log").open("w") as log:
+            proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                first = wait_for(
+                    lambda: next((b["id"] for b in batches.created[seen:] if batches.polls_of(b["id"]) > 0), None),
+                    timeout_s=300, what="a submitted and polled batch",
+                )
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    finally:
+        batches.hold(False)
+    first_ids = {line["custom_id"] for line in batches.lines_of(first)}
+
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    later = [b["id"] for b in batches.created[seen:] if b["id"] != first]
+    resent = [cid for b in later for line in batches.lines_of(b) if (cid := line["custom_id"]) in first_ids]
+    assert resent == []
+    assert batches.created[[b["id"] for b in batches.created].index(first)]["status"] == "completed"
+    assert diff_images(memory_image(published(store), CONV), memory_image(published(pair.on.store), CONV)) == []

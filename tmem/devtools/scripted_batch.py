@@ -81,6 +81,11 @@ class ScriptedBatches:
         with self._lock:
             return [dict(b.obj) for b in self._batches.values()]
 
+    def polls_of(self, batch_id: str) -> int:
+        """How many times the batch's status was retrieved."""
+        with self._lock:
+            return self._batches[batch_id].polls
+
     def lines_of(self, batch_id: str) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._batches[batch_id].lines)
