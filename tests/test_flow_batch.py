@@ -48,6 +48,7 @@ class Pair:
     server: ScriptedLLM
     off: Build
     on: Build
+    env: dict[str, str]  # the TMEM_* settings of the batched build (tests see none: conftest isolates them)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def pair(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
             off = run("batch-off", mp)
             on = run("batch-on", mp, TMEM_LLM_BATCH="on", TMEM_LLM_BATCH_LINGER_S="0.3",
                      TMEM_LLM_BATCH_POLL_S="0.05", TMEM_LLM_BATCH_POLL_MAX_S="0.2")
-            yield Pair(server, off, on)
+            yield Pair(server, off, on, {k: v for k, v in os.environ.items() if k.startswith("TMEM_")})
     finally:
         server.stop()
 
@@ -139,7 +140,7 @@ def test_a_build_killed_with_a_batch_in_flight_reattaches_to_it_on_the_next_run(
 
     store = tmp_path / "killed"
     ingest_slice(store, tmp_path / "killed.json", {CONV: 1})
-    env = dict(os.environ) | {
+    env = dict(os.environ) | pair.env | {
         "PREFECT_API_URL": str(get_current_settings().api.url), "PREFECT_LOGGING_LEVEL": "WARNING",
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO),
     }
