@@ -44,19 +44,13 @@ def build(store: Path, archive: Path, label: str, env: dict[str, str]) -> tuple[
     from flows.build_memory import build_memory
     from tmem.ingest import ingest_archives
 
+    from tmem.settings import environ_overlay
+
     ingest_archives([archive], store, now=INGEST_NOW)
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environ_overlay(env):
         started = time.perf_counter()
         summary: dict[str, Any] = build_memory(store=str(store), label=label)
         seconds = time.perf_counter() - started
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     if summary["status"] != "completed":
         raise SystemExit(f"{label}: build {summary['status']}: {summary['failures']}")
     return summary, seconds

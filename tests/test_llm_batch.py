@@ -239,3 +239,17 @@ def test_batch_endpoint_errors_are_typed_and_never_quote_the_api_key(server: Scr
         client.retrieve(f"batch-{TEST_API_KEY}")
     assert TEST_API_KEY not in str(caught.value) and "***" in str(caught.value)
     assert caught.value.__cause__ is None
+
+
+def test_tmem_build_refuses_batching_with_the_embedded_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import io
+
+    from tmem.cli import run as cli_run
+    from tmem.cli.base import CliContext
+
+    monkeypatch.setenv("TMEM_LLM_BATCH", "on")
+    monkeypatch.setenv("TMEM_LLM_PROVIDER", "local")
+    out, err = io.StringIO(), io.StringIO()
+    assert cli_run(["build", "--store", str(tmp_path / "store")], CliContext(stdout=out, stderr=err)) == 2
+    assert "TMEM_LLM_BATCH=on needs" in err.getvalue() and out.getvalue() == ""
+    assert not (tmp_path / "store").exists()  # nothing written
