@@ -43,7 +43,6 @@ def one_conversation(locomo: Path, out: Path, cid: str) -> Path:
 def build(store: Path, archive: Path, label: str, env: dict[str, str]) -> tuple[dict[str, Any], float]:
     from flows.build_memory import build_memory
     from tmem.ingest import ingest_archives
-
     from tmem.settings import environ_overlay
 
     ingest_archives([archive], store, now=INGEST_NOW)
