@@ -126,6 +126,9 @@ def test_per_line_errors_raise_the_typed_errors_of_the_sync_path_and_spare_the_o
     answered = [(w, o.text) for w, o in zip(words, outcomes, strict=True) if not isinstance(o, Exception)]
     assert [text for _, text in answered] == [w.upper() for w, _ in answered]
     assert len(errors) == 2 and len(server.batches.created) == 1
+    batch = server.batches.created[0]
+    assert batch["output_file_id"] and batch["error_file_id"]
+    assert server.batches.file_ids == []  # input, output and error files deleted once collected
     transport = [e for e in errors if isinstance(e, LLMTransportError)]
     rejected = [e for e in errors if isinstance(e, LLMRequestRejectedError)]
     assert len(transport) == len(rejected) == 1

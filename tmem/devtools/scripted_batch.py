@@ -1,7 +1,7 @@
 """The Files and Batches endpoints of the scripted OpenAI-compatible server (tests and benchmarks).
 
-``POST /v1/files`` (multipart, ``purpose=batch``), ``GET /v1/files/{id}/content``, ``POST /v1/batches``
-and ``GET /v1/batches/{id}``. A batch reports ``in_progress`` for its first ``in_progress_polls``
+``POST /v1/files`` (multipart, ``purpose=batch``), ``GET /v1/files/{id}/content``, ``DELETE
+/v1/files/{id}``, ``POST /v1/batches`` and ``GET /v1/batches/{id}``. A batch reports ``in_progress`` for its first ``in_progress_polls``
 retrievals, for at least ``delay_s`` after creation, and while :meth:`ScriptedBatches.hold` is on;
 then it completes by running every line through the server's chat handler — the same responders,
 recorded requests (``via="batch"``) and scripted faults as the synchronous endpoint — writing
@@ -154,6 +154,19 @@ class ScriptedBatches:
         self._complete(batch)  # outside the lock: runs the responders
         with self._lock:
             return 200, dict(batch.obj)
+
+    def delete(self, file_id: str) -> Reply:
+        with self._lock:
+            file = self._files.pop(file_id, None)
+        if file is None:
+            return _error(404, f"no file {file_id!r}")
+        return 200, {"id": file_id, "object": "file", "deleted": True}
+
+    @property
+    def file_ids(self) -> list[str]:
+        """The files stored now (uploaded inputs and batch outputs not deleted)."""
+        with self._lock:
+            return list(self._files)
 
     def content(self, file_id: str) -> tuple[int, bytes]:
         with self._lock:

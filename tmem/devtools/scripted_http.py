@@ -57,6 +57,13 @@ def make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
+        def do_DELETE(self) -> None:
+            path = self.path.rstrip("/")
+            if path.startswith("/v1/files/"):
+                self._send(*server.batches.delete(path.removeprefix("/v1/files/")))
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""

@@ -67,6 +67,7 @@ class LineResult:
 class BatchState:
     batch_id: str
     status: str
+    input_file_id: str
     output_file_id: str | None
     error_file_id: str | None
     errors: str  # batch-level errors (a batch that failed validation), joined
@@ -175,11 +176,15 @@ class BatchClient:
             f"line {e.line}: {e.code}: {e.message}" if e.line is not None else f"{e.code}: {e.message}"
             for e in ((batch.errors.data or []) if batch.errors else [])
         )
-        return BatchState(batch.id, batch.status, batch.output_file_id, batch.error_file_id, errors)
+        return BatchState(batch.id, batch.status, batch.input_file_id, batch.output_file_id, batch.error_file_id, errors)
 
     def download(self, file_id: str) -> str:
         with self._call(f"download of file {file_id}"):
             return self._client.files.content(file_id).text
+
+    def delete_file(self, file_id: str) -> None:
+        with self._call(f"deletion of file {file_id}"):
+            self._client.files.delete(file_id)
 
     def close(self) -> None:
         self._client.close()

@@ -67,6 +67,8 @@ class BatchTransport(Protocol):
 
     def download(self, file_id: str) -> str: ...
 
+    def delete_file(self, file_id: str) -> None: ...
+
 
 class BatchJournal(Protocol):
     """Submitted batches and their request digests, kept across processes."""
@@ -305,7 +307,21 @@ class BatchingChatModel:
         if self._journal is not None:
             self._journal.finished(batch.batch_id, "collected" if state.status == "completed" else state.status,
                                    self._clock())
-        self._resolve(batch, (state, results), "")
+        try:
+            self._discard_files(state)  # before waking the callers: their run may end right after
+        finally:
+            self._resolve(batch, (state, results), "")
+
+    def _discard_files(self, state: BatchState) -> None:
+        """Delete the batch's files at the provider (they hold conversation text and count against storage).
+        A failed deletion costs nothing but storage: it is logged, and the build goes on."""
+        for file_id in (state.input_file_id, state.output_file_id, state.error_file_id):
+            if not file_id:
+                continue
+            try:
+                self._transport.delete_file(file_id)
+            except BatchEndpointError as exc:
+                log.warning("batch %s: could not delete file %s at the provider: %s", state.batch_id, file_id, exc)
 
     def _resolve(self, batch: _Batch, outcome: tuple[BatchState, dict[str, LineResult]] | None, error: str) -> None:
         with self._lock:
