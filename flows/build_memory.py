@@ -26,6 +26,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks.build import (
+    LLM_TAG,
     admit_scene_topics,
     derive_item_triggers,
     derive_scene_triggers,
@@ -77,8 +78,17 @@ def build_fingerprint(settings: Settings, model_name: str) -> str:
     )
 
 
-def _configured(store: str, t: Any) -> Any:
-    return t.with_options(cache_policy=content_cache(store), result_storage=result_storage(store), persist_result=True)
+# The LLM operation of each stage that TMEM_LLM_BATCH may send through the Batch API.
+BATCHABLE_STAGES = {"items": "item_extract", "item_triggers": "item_triggers", "scene_triggers": "scene_triggers",
+                    "persona": "persona"}
+
+
+def _configured(store: str, t: Any, batched: bool = False) -> Any:
+    options: dict[str, Any] = {}
+    if batched:  # a task waiting on a batch holds no `llm` slot: that limit bounds synchronous calls
+        options["tags"] = (set(t.tags) - {LLM_TAG}) | {"llm-batch"}
+    return t.with_options(cache_policy=content_cache(store), result_storage=result_storage(store), persist_result=True,
+                          **options)
 
 
 @flow(name="build-conversation", flow_run_name="build-conversation/{conversation_id}", log_prints=False)
@@ -91,7 +101,8 @@ def build_conversation(store: str, run_id: str, conversation_id: str, fingerprin
         cur.close()
     if not turns:
         raise LLMError("load-turns", conversation_id, "conversation has no turns")
-    c = {name: _configured(store, t) for name, t in {
+    batched = b.settings.batch_operations
+    c = {name: _configured(store, t, BATCHABLE_STAGES.get(name) in batched) for name, t in {
         "segment": segment_scenes, "topics": admit_scene_topics, "items": extract_topic_items,
         "item_triggers": derive_item_triggers, "scene_triggers": derive_scene_triggers,
         "persona": summarize_persona, "embed": embed_views,
@@ -219,9 +230,11 @@ def build_memory(
         finish_run(b.con, run_id, status=status, counts=summary.counts, usage=summary.usage_totals(),
                    failures=[f.__dict__ for f in failures], snapshot_id=snapshot_id, at=datetime.now(UTC))
         model = b.chat.model_name
-        cost = estimate_cost(model, summary.prompt_tokens, summary.completion_tokens, table)
+        batch = {"batch_prompt_tokens": summary.batch_prompt_tokens,
+                 "batch_completion_tokens": summary.batch_completion_tokens}
+        cost = estimate_cost(model, summary.prompt_tokens, summary.completion_tokens, table, **batch)
         report = render_markdown(summary) + "\n" + cost_markdown(model, summary.prompt_tokens,
-                                                                summary.completion_tokens, table)
+                                                                summary.completion_tokens, table, **batch)
         create_markdown_artifact(markdown=report, key="tmem-build-report",
                                  description=f"tmem build {run_id}: {status}")
         return summary.to_json() | {"model": model, "cost_usd": cost}

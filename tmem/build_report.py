@@ -46,6 +46,18 @@ class BuildSummary:
     def completion_tokens(self) -> int:
         return sum(u.completion_tokens for u in self.usage.values())
 
+    @property
+    def batch_calls(self) -> int:
+        return sum(u.batch_calls for u in self.usage.values())
+
+    @property
+    def batch_prompt_tokens(self) -> int:
+        return sum(u.batch_prompt_tokens for u in self.usage.values())
+
+    @property
+    def batch_completion_tokens(self) -> int:
+        return sum(u.batch_completion_tokens for u in self.usage.values())
+
     def usage_totals(self) -> dict[str, int]:
         return {
             "llm_calls": self.llm_calls,
@@ -65,9 +77,12 @@ class BuildSummary:
             conversations_built=self.conversations_built,
             failures=[asdict(f) for f in self.failures],
             seconds=round(self.seconds, 3),
+            batch_calls=self.batch_calls,
+            batch_prompt_tokens=self.batch_prompt_tokens,
+            batch_completion_tokens=self.batch_completion_tokens,
             usage_by_operation={
                 op: {"calls": u.calls - u.cache_hits, "cache_hits": u.cache_hits, "prompt_tokens": u.prompt_tokens,
-                     "completion_tokens": u.completion_tokens}
+                     "completion_tokens": u.completion_tokens, "batch_calls": u.batch_calls}
                 for op, u in self.usage.items()
             },
         )
@@ -92,15 +107,16 @@ def render_markdown(summary: BuildSummary) -> str:
         "",
         "## LLM usage of this run",
         "",
-        "| operation | calls | cache hits | prompt tokens | completion tokens | mean latency ms |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| operation | calls | cache hits | of the calls, via Batch API | prompt tokens | completion tokens "
+        "| mean latency ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         *[
-            f"| {op} | {u.calls - u.cache_hits} | {u.cache_hits} | {u.prompt_tokens} | {u.completion_tokens} | "
-            f"{u.mean_latency_ms:.0f} |"
+            f"| {op} | {u.calls - u.cache_hits} | {u.cache_hits} | {u.batch_calls} | {u.prompt_tokens} | "
+            f"{u.completion_tokens} | {u.mean_latency_ms:.0f} |"
             for op, u in summary.usage.items()
         ],
-        f"| **total** | {summary.llm_calls} | {summary.llm_cache_hits} | {summary.prompt_tokens} | "
-        f"{summary.completion_tokens} | |",
+        f"| **total** | {summary.llm_calls} | {summary.llm_cache_hits} | {summary.batch_calls} | "
+        f"{summary.prompt_tokens} | {summary.completion_tokens} | |",
         "",
         "## Failures",
         "",

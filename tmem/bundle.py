@@ -23,6 +23,8 @@ from tmem.settings import Role, Settings
 if TYPE_CHECKING:
     import duckdb
 
+    from tmem.providers.chat import OpenAIChatModel
+    from tmem.providers.llm_ledger import MeteredChatModel
     from tmem.store.lance import VectorStore
 
 R = TypeVar("R", bound=BaseModel)
@@ -62,11 +64,33 @@ def chat_model_for(settings: Settings, role: Role, con: duckdb.DuckDBPyConnectio
     from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger
 
     adapter = OpenAIChatModel(ChatConfig.from_settings(settings, role))
+    batch_ops = settings.batch_operations if role == "build" else frozenset()
+    inner: MeteredChatModel = adapter if not batch_ops else _batching(settings, adapter, con, batch_ops)
     if con is None:
-        cached = CachedChatModel(adapter, cache=None, ledger=None, run_id=run_id)
+        cached = CachedChatModel(inner, cache=None, ledger=None, run_id=run_id)
     else:
-        cached = CachedChatModel(adapter, cache=DuckResponseCache(con), ledger=DuckUsageLedger(con), run_id=run_id)
+        cached = CachedChatModel(inner, cache=DuckResponseCache(con), ledger=DuckUsageLedger(con), run_id=run_id)
+    if batch_ops:
+        return cached  # the batching adapter bounds its synchronous calls; batched callers only wait
     return BoundedChatModel(cached, settings.llm_concurrency)
+
+
+def _batching(
+    settings: Settings, adapter: OpenAIChatModel, con: duckdb.DuckDBPyConnection | None, ops: frozenset[str]
+) -> MeteredChatModel:
+    """The build adapter with ``ops`` sent through the OpenAI Batch API (``TMEM_LLM_BATCH=on``)."""
+    from tmem.providers.batch_api import BatchClient
+    from tmem.providers.batching import BatchConfig, BatchingChatModel
+    from tmem.store.batch_journal import DuckBatchJournal
+
+    endpoint = settings.endpoint("build")
+    client = BatchClient(endpoint.base_url, endpoint.api_key.get_secret_value(), timeout_s=settings.llm_timeout_s,
+                         max_retries=settings.llm_max_retries)
+    config = BatchConfig(
+        operations=ops, linger_s=settings.llm_batch_linger_s, max_size=settings.llm_batch_max_size,
+        poll_s=settings.llm_batch_poll_s, poll_max_s=settings.llm_batch_poll_max_s, sync_limit=settings.llm_concurrency,
+    )
+    return BatchingChatModel(adapter, client, config, journal=DuckBatchJournal(con) if con is not None else None)
 
 
 def embedder_for(settings: Settings, con: duckdb.DuckDBPyConnection | None) -> Embedder:

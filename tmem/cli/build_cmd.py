@@ -69,11 +69,15 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
     apply_process_defaults()
     from flows.build_memory import build_memory  # Prefect is imported only when a build runs
-    from tmem.providers.local_llm import LocalModelError, provider_endpoint
+    from tmem.providers.local_llm import LocalModelError, provider_endpoint, resolve_provider
 
     store = resolve_store(args, ctx)
     label = ",".join(args.conversation) if args.conversation else ("changed" if args.changed else "all")
     settings = ctx.settings().model_copy(update={"store": store})
+    if settings.llm_batch == "on" and resolve_provider(settings, "build") == "local":
+        print("error: TMEM_LLM_BATCH=on needs an OpenAI-compatible endpoint with the Batch API "
+              "(set TMEM_LLM_BASE_URL); the embedded local model has none", file=ctx.stderr)
+        return 2
     try:
         with provider_endpoint(settings, "build") as embedded, progress_to(ctx.stderr):
             if embedded is not None:

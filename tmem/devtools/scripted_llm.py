@@ -1,6 +1,7 @@
 """A scripted OpenAI-compatible chat server for tests and benchmarks (never a product fallback).
 
-It serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1. The answer's
+It serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1, and the Files and
+Batches endpoints of the Batch API (:mod:`tmem.devtools.scripted_batch`, ``server.batches``). The answer's
 content comes from a *responder*, ``(operation, request_json) -> content``, chosen by the
 request's ``X-Tmem-Operation`` header: first the responders given to :class:`ScriptedLLM`,
 then the module registry (:func:`register_responder`; ``tmem.devtools.synth`` registers its
@@ -28,15 +29,17 @@ import threading
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Literal, get_args
 
+from tmem.devtools.scripted_batch import ScriptedBatches
+from tmem.devtools.scripted_http import OPERATION_HEADER as OPERATION_HEADER  # re-exported
+from tmem.devtools.scripted_http import make_handler
 from tmem.prompts.base import INPUT_OPEN, parse_input
 
 Responder = Callable[[str, dict[str, Any]], str]
 FaultKind = Literal["rate_limit", "server_error", "slow", "timeout", "truncated", "invalid", "unauthorized"]
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
-OPERATION_HEADER = "X-Tmem-Operation"
 
 _REGISTRY: dict[str, Responder] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -103,6 +106,7 @@ class RecordedRequest:
     content: str | None  # the content sent (None for error responses)
     usage: dict[str, int] | None  # the usage sent (None for errors or when omitted)
     error: str | None = None  # the error message sent, for error responses
+    via: str = "chat"  # "chat": POST /v1/chat/completions; "batch": a line of a batch
 
 
 class _NoResponder(LookupError):
@@ -130,6 +134,8 @@ class ScriptedLLM:
         timeout_sleep_s: float = 2.0,
         reject_json_schema: bool = False,
         omit_usage: bool = False,
+        batch_in_progress_polls: int = 1,
+        batch_delay_s: float = 0.0,
     ) -> None:
         unknown = set(fault_kinds) - set(FAULT_KINDS)
         if unknown:
@@ -153,7 +159,11 @@ class ScriptedLLM:
         self._scripted: dict[str | None, deque[FaultKind]] = defaultdict(deque)
         self._rngs: dict[str, random.Random] = {}
         self._requests: list[RecordedRequest] = []
-        self._server = ThreadingHTTPServer((host, port), _make_handler(self))
+        self.batches = ScriptedBatches(
+            lambda op, body: self.handle_chat(op, body, via="batch")[:2],
+            in_progress_polls=batch_in_progress_polls, delay_s=batch_delay_s,
+        )
+        self._server = ThreadingHTTPServer((host, port), make_handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -246,12 +256,12 @@ class ScriptedLLM:
             self._stopping.wait(seconds)
 
     def handle_chat(
-        self, operation: str, body: dict[str, Any], authorization: str = ""
+        self, operation: str, body: dict[str, Any], authorization: str = "", via: str = "chat"
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """The (status, JSON body, extra headers) answering one chat request."""
+        """The (status, JSON body, extra headers) answering one chat request (or one batch line, unslept)."""
 
         def fail(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-            self._record(RecordedRequest(operation, body, status, fault, None, None, message))
+            self._record(RecordedRequest(operation, body, status, fault, None, None, message, via))
             return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
 
         fault: FaultKind | None = None
@@ -281,9 +291,10 @@ class ScriptedLLM:
         elif fault == "invalid":
             content = _break_schema(content, fmt)
         usage = None if self.omit_usage else _usage(body, content)
-        self._record(RecordedRequest(operation, body, 200, fault, content, usage))  # before any sleep
-        delay = {"slow": self.slow_s, "timeout": self.timeout_sleep_s}.get(fault or "", 0.0)
-        self._sleep(delay + self.latency_ms / 1000.0)
+        self._record(RecordedRequest(operation, body, 200, fault, content, usage, None, via))  # before any sleep
+        if via == "chat":
+            delay = {"slow": self.slow_s, "timeout": self.timeout_sleep_s}.get(fault or "", 0.0)
+            self._sleep(delay + self.latency_ms / 1000.0)
         reply: dict[str, Any] = {
             "id": f"chatcmpl-scripted-{len(self._requests)}",
             "object": "chat.completion",
@@ -316,53 +327,6 @@ def _break_schema(content: str, fmt: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in data.items() if k not in required})
 
 
-def _make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as the openai client pools connections
-        disable_nagle_algorithm = True  # else headers and body wait on delayed ACKs (~40 ms a call)
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: requests are recorded
-            return
-
-        def _send(self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
-            data = json.dumps(payload).encode("utf-8")
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True  # the client gave up (e.g. a timeout fault)
-
-        def do_GET(self) -> None:
-            if self.path.rstrip("/") == "/v1/models":
-                model = {"id": server.model, "object": "model", "created": 0, "owned_by": "tmem-scripted"}
-                self._send(200, {"object": "list", "data": [model]})
-            else:
-                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            if self.path.rstrip("/") != "/v1/chat/completions":
-                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
-                return
-            try:
-                body = json.loads(raw or b"{}")
-            except json.JSONDecodeError as exc:
-                self._send(400, {"error": {"message": f"request body is not JSON: {exc}", "type": "invalid_request_error"}})
-                return
-            fmt_name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
-            operation = self.headers.get(OPERATION_HEADER) or fmt_name or "unknown"
-            status, payload, headers = server.handle_chat(operation, body, self.headers.get("Authorization") or "")
-            self._send(status, payload, headers)
-
-    return Handler
-
-
 def _load_synth_responders() -> dict[str, Responder]:
     """The responders of ``tmem.devtools.synth`` if it exists.
 
@@ -389,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reject-json-schema", action="store_true")
     parser.add_argument("--omit-usage", action="store_true")
+    parser.add_argument("--batch-in-progress-polls", type=int, default=1, help="polls a batch answers in_progress")
+    parser.add_argument("--batch-delay-s", type=float, default=0.0, help="a batch runs at least this long")
     args = parser.parse_args(argv)
     synth_responders = _load_synth_responders()
     for operation, fn in synth_responders.items():
@@ -404,6 +370,8 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         reject_json_schema=args.reject_json_schema,
         omit_usage=args.omit_usage,
+        batch_in_progress_polls=args.batch_in_progress_polls,
+        batch_delay_s=args.batch_delay_s,
     )
     ops = ", ".join(sorted(registered_responders())) or "none"
     print(f"scripted LLM serving {server.url} (responders: {ops}; synth {'loaded' if has_synth else 'absent'})", flush=True)

@@ -179,14 +179,30 @@ class OpenAIChatModel:
     def complete(self, prompt: Prompt[R]) -> R:
         return self.complete_metered(prompt).value
 
-    def complete_metered(self, prompt: Prompt[R]) -> Completion[R]:
+    def request_body(self, prompt: Prompt[Any], extra: list[dict[str, str]] | None = None) -> dict[str, Any]:
+        """The chat-completions request body this adapter sends for ``prompt`` now (Batch API lines too)."""
+        mode = self.structured_mode
+        return {
+            "model": self.config.model,
+            "messages": self._messages(prompt, extra or [], mode),
+            "response_format": self._response_format(prompt, mode),
+            "max_tokens": self.config.max_tokens,
+            "temperature": self.config.temperature,
+        }
+
+    def complete_metered(self, prompt: Prompt[R], first: tuple[str, TokenUsage] | None = None) -> Completion[R]:
+        """Ask, validate, repair. ``first``: an answer obtained elsewhere (a Batch API line) to start from;
+        it counts as one request, and repairs of it are asked synchronously."""
         extra: list[dict[str, str]] = []  # bad answers and repair requests, in order
         usage = TokenUsage()
         requests = 0
         content = ""
         errors = ""
         for _answer in range(self.config.repair_attempts + 1):
-            content, call_usage, sent = self._send(prompt, extra)
+            if first is not None:
+                (content, call_usage), sent, first = first, 1, None
+            else:
+                content, call_usage, sent = self._send(prompt, extra)
             usage, requests = usage + call_usage, requests + sent
             try:
                 value = prompt.response_model.model_validate_json(_strip_fence(content))
@@ -232,16 +248,12 @@ class OpenAIChatModel:
         retries = 0
         while True:
             mode = self.structured_mode
-            messages = self._messages(prompt, extra, mode)
+            body = self.request_body(prompt, extra)
+            messages = body["messages"]
             requests += 1
             try:
                 reply = self._client.chat.completions.create(  # type: ignore[call-overload]  # plain dicts
-                    model=self.config.model,
-                    messages=messages,
-                    response_format=self._response_format(prompt, mode),
-                    max_tokens=self.config.max_tokens,
-                    temperature=self.config.temperature,
-                    extra_headers={OPERATION_HEADER: prompt.operation},
+                    **body, extra_headers={OPERATION_HEADER: prompt.operation}
                 )
             except openai.APIError as exc:
                 failure = exc

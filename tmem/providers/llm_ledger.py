@@ -55,6 +55,8 @@ class Completion(Generic[R]):
     value: R
     usage: TokenUsage
     requests: int  # HTTP requests sent, including retries, fallback and repair re-asks
+    # The part of ``usage`` answered through the Batch API (billed at the batch price); None: no batch.
+    batch_usage: TokenUsage | None = None
 
 
 class MeteredChatModel(Protocol):
@@ -92,6 +94,9 @@ class UsageRecord:
     attempts: int  # HTTP requests sent; 0 on a cache hit
     recorded_at: datetime
     usage_estimated: bool = False
+    batch: bool = False  # the call's first answer came through the Batch API
+    batch_prompt_tokens: int = 0  # of prompt_tokens, those billed at the batch price
+    batch_completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,9 @@ class OperationUsage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_ms: float = 0.0  # summed over calls
+    batch_calls: int = 0  # calls answered through the Batch API
+    batch_prompt_tokens: int = 0  # tokens billed at the batch price (included in the totals above)
+    batch_completion_tokens: int = 0
 
     @property
     def mean_latency_ms(self) -> float:
@@ -142,6 +150,9 @@ def summarize_usage(records: Iterable[UsageRecord], run_id: str) -> dict[str, Op
             prompt_tokens=cur.prompt_tokens + rec.prompt_tokens,
             completion_tokens=cur.completion_tokens + rec.completion_tokens,
             latency_ms=cur.latency_ms + rec.latency_ms,
+            batch_calls=cur.batch_calls + int(rec.batch),
+            batch_prompt_tokens=cur.batch_prompt_tokens + rec.batch_prompt_tokens,
+            batch_completion_tokens=cur.batch_completion_tokens + rec.batch_completion_tokens,
         )
     return dict(sorted(totals.items()))
 
@@ -158,6 +169,9 @@ def total_usage(summary: dict[str, OperationUsage]) -> OperationUsage:
             out.prompt_tokens + op.prompt_tokens,
             out.completion_tokens + op.completion_tokens,
             out.latency_ms + op.latency_ms,
+            out.batch_calls + op.batch_calls,
+            out.batch_prompt_tokens + op.batch_prompt_tokens,
+            out.batch_completion_tokens + op.batch_completion_tokens,
         )
     return out
 
@@ -259,7 +273,7 @@ class CachedChatModel:
         start = time.perf_counter()
         if self._cache is None:
             done = self._inner.complete_metered(prompt)
-            self._record(prompt, done.usage, done.requests, start, cache_hit=False)
+            self._record(prompt, done.usage, done.requests, start, cache_hit=False, batch=done.batch_usage)
             return done.value
         key = prompt.cache_key(self.model_name)
         with self._key_locks.hold(key):
@@ -280,7 +294,7 @@ class CachedChatModel:
                     created_at=self._clock(),
                 )
             )
-        self._record(prompt, done.usage, done.requests, start, cache_hit=False)
+        self._record(prompt, done.usage, done.requests, start, cache_hit=False, batch=done.batch_usage)
         return done.value
 
     def _cached(self, prompt: Prompt[R], key: str) -> R | None:
@@ -295,7 +309,10 @@ class CachedChatModel:
             log.warning("cached answer for %s (%s) no longer validates, asking again: %s", prompt.operation, key[:12], exc)
             return None
 
-    def _record(self, prompt: Prompt[R], usage: TokenUsage, requests: int, start: float, *, cache_hit: bool) -> None:
+    def _record(
+        self, prompt: Prompt[R], usage: TokenUsage, requests: int, start: float, *, cache_hit: bool,
+        batch: TokenUsage | None = None,
+    ) -> None:
         if self._ledger is None:
             return
         self._ledger.record(
@@ -310,5 +327,8 @@ class CachedChatModel:
                 attempts=requests,
                 recorded_at=self._clock(),
                 usage_estimated=usage.estimated,
+                batch=batch is not None,
+                batch_prompt_tokens=batch.prompt_tokens if batch else 0,
+                batch_completion_tokens=batch.completion_tokens if batch else 0,
             )
         )

@@ -26,6 +26,24 @@ _INSERT_USAGE_ESTIMATED = (
     "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
     " attempts, recorded_at, usage_estimated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+_INSERT_USAGE_BATCH = (
+    "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
+    " attempts, recorded_at, usage_estimated, batch, batch_prompt_tokens, batch_completion_tokens)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+_SUMMARY = """
+    SELECT operation, count(*), count(*) FILTER (WHERE cache_hit), sum(attempts),
+           sum(prompt_tokens), sum(completion_tokens), sum(latency_ms), 0, 0, 0
+    FROM llm_usage WHERE run_id = ? GROUP BY operation ORDER BY operation
+"""
+_SUMMARY_BATCH = """
+    SELECT operation, count(*), count(*) FILTER (WHERE cache_hit), sum(attempts),
+           sum(prompt_tokens), sum(completion_tokens), sum(latency_ms),
+           count(*) FILTER (WHERE batch), sum(batch_prompt_tokens), sum(batch_completion_tokens)
+    FROM llm_usage WHERE run_id = ? GROUP BY operation ORDER BY operation
+"""
 
 
 class _Serialised:
@@ -92,6 +110,7 @@ class DuckUsageLedger(_Serialised):
                 ).fetchall()
             }
         self._has_estimated = "usage_estimated" in columns
+        self._has_batch = "batch" in columns  # m005_llm_batches
 
     def record(self, record: UsageRecord) -> None:
         values: list[object] = [
@@ -106,7 +125,10 @@ class DuckUsageLedger(_Serialised):
             record.recorded_at,
         ]
         statement = _INSERT_USAGE
-        if self._has_estimated:
+        if self._has_batch:
+            statement = _INSERT_USAGE_BATCH
+            values += [record.usage_estimated, record.batch, record.batch_prompt_tokens, record.batch_completion_tokens]
+        elif self._has_estimated:
             statement, values = _INSERT_USAGE_ESTIMATED, [*values, record.usage_estimated]
         with self._cursor() as cur:
             cur.execute(statement, values)
@@ -114,14 +136,12 @@ class DuckUsageLedger(_Serialised):
     def summary(self, run_id: str) -> dict[str, OperationUsage]:
         with self._cursor() as cur:
             rows = cur.execute(
-                """
-                SELECT operation, count(*), count(*) FILTER (WHERE cache_hit), sum(attempts),
-                       sum(prompt_tokens), sum(completion_tokens), sum(latency_ms)
-                FROM llm_usage WHERE run_id = ? GROUP BY operation ORDER BY operation
-                """,
+                _SUMMARY_BATCH if self._has_batch else _SUMMARY,
                 [run_id],
             ).fetchall()
         return {
-            str(op): OperationUsage(str(op), int(calls), int(hits), int(reqs), int(pt), int(ct), float(lat))
-            for op, calls, hits, reqs, pt, ct, lat in rows
+            str(op): OperationUsage(
+                str(op), int(calls), int(hits), int(reqs), int(pt), int(ct), float(lat), int(bc), int(bpt), int(bct)
+            )
+            for op, calls, hits, reqs, pt, ct, lat, bc, bpt, bct in rows
         }

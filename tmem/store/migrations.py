@@ -194,7 +194,32 @@ M004_USAGE_ESTIMATED = Migration(
     """,
 )
 
-MIGRATIONS: Sequence[Migration] = (M001_INGEST, M002_MEMORY, M003_LLM, M004_USAGE_ESTIMATED)
+M005_LLM_BATCHES = Migration(
+    "m005_llm_batches",
+    """
+    ALTER TABLE llm_usage ADD COLUMN batch BOOLEAN DEFAULT FALSE;
+    ALTER TABLE llm_usage ADD COLUMN batch_prompt_tokens INTEGER DEFAULT 0;
+    ALTER TABLE llm_usage ADD COLUMN batch_completion_tokens INTEGER DEFAULT 0;
+    CREATE TABLE llm_batches (
+        batch_id        VARCHAR PRIMARY KEY,
+        input_file_id   VARCHAR NOT NULL,
+        model           VARCHAR NOT NULL,
+        requests        INTEGER NOT NULL,
+        status          VARCHAR NOT NULL,   -- submitted | collected | failed
+        submitted_at    TIMESTAMPTZ NOT NULL,
+        finished_at     TIMESTAMPTZ
+    );
+    CREATE TABLE llm_batch_requests (
+        digest          VARCHAR NOT NULL,   -- content hash of the request body
+        batch_id        VARCHAR NOT NULL,
+        custom_id       VARCHAR NOT NULL,
+        operation       VARCHAR NOT NULL,
+        PRIMARY KEY (digest, batch_id)
+    );
+    """,
+)
+
+MIGRATIONS: Sequence[Migration] = (M001_INGEST, M002_MEMORY, M003_LLM, M004_USAGE_ESTIMATED, M005_LLM_BATCHES)
 
 # Tables that make up a conversation's built memory (copied whole into a snapshot).
 MEMORY_TABLES: tuple[str, ...] = (
