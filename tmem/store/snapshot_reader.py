@@ -25,6 +25,7 @@ import duckdb
 
 from tmem.domain import Memory, Turn
 from tmem.errors import ScopeError, StoreError
+from tmem.store.conversation_image import IMAGE_FORMAT, decode_image, read_image
 from tmem.store.conversations import load_turns
 from tmem.store.memory_rows import read_memory
 from tmem.store.snapshot import SnapshotInfo
@@ -98,12 +99,27 @@ class SnapshotReader:
             if idle:
                 self._close_connection()
 
-    def read_conversation(self, conversation_id: str) -> tuple[Memory, tuple[Turn, ...]]:
+    @property
+    def uses_images(self) -> bool:
+        """Whether cold reads use the snapshot's per-conversation images (a format this reader
+        knows); otherwise they query the memory tables and turns."""
+        return self.info.image_format == IMAGE_FORMAT
+
+    def read_conversation(self, conversation_id: str, *, from_tables: bool = False) -> tuple[Memory, tuple[Turn, ...]]:
         """The memory and turns of one conversation. :class:`ScopeError` when the snapshot holds
-        no memory for it (exact match on the id, whatever characters it contains)."""
+        no memory for it (exact match on the id, whatever characters it contains).
+
+        Read from the conversation's image when the snapshot has images (one point read), else, or
+        with ``from_tables``, from the tables; both give equal objects."""
         self._check_scope(conversation_id)
         with self._cursor() as cursor:
-            return read_memory(cursor, conversation_id), load_turns(cursor, conversation_id)
+            if from_tables or not self.uses_images:
+                return read_memory(cursor, conversation_id), load_turns(cursor, conversation_id)
+            found = read_image(cursor, conversation_id)
+        source = f"snapshot {self.info.snapshot_id!r} ({self.info.memory_db})"
+        if found is None:
+            raise StoreError(f"{source}: the manifest lists {conversation_id!r} but its image row is missing")
+        return decode_image(conversation_id, *found, source=source)
 
     def _check_scope(self, conversation_id: str) -> None:
         if not isinstance(conversation_id, str) or conversation_id not in self.info.conversations:

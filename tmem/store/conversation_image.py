@@ -1,0 +1,144 @@
+"""A conversation's query-side image: its memory and turns as ONE row of a published snapshot.
+
+The snapshot's memory tables and turns stay the system of record. At publish time
+:func:`write_conversation_images` derives from them, in one SQL statement over the snapshot's own
+tables, one row per published conversation::
+
+    conversation_images(conversation_id VARCHAR, format INTEGER, image VARCHAR)
+
+``image`` is a JSON document holding, per table, exactly the rows the per-table reads of
+:mod:`tmem.store.memory_rows` (``MEMORY_ROW_QUERIES``) and :mod:`tmem.store.conversations`
+(``TURN_ROW_QUERY``) return, in the same order, with timestamps as epoch microseconds. A cold
+load then costs one point read and one ``json.loads`` instead of nine queries, and is assembled
+by the same functions as the table read (``memory_from_rows``, ``turns_from_rows``), so both
+paths give equal objects (``tests/test_conversation_image.py``).
+
+Rows are grouped by ``conversation_id`` in SQL, so an image holds only its conversation's rows
+whatever characters the id contains; the reader also checks the id stored inside the document.
+``format`` versions the document: a reader uses images only when the snapshot's manifest names a
+format it knows (:data:`IMAGE_FORMAT`) and otherwise reads the tables, so snapshots published
+before images existed stay readable.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import duckdb
+
+from tmem.domain import Memory, Turn
+from tmem.errors import StoreError
+from tmem.store.conversations import turns_from_rows
+from tmem.store.memory_rows import Rows, memory_from_rows
+
+IMAGE_TABLE = "conversation_images"
+IMAGE_FORMAT = 1
+MANIFEST_KEY = "conversation_image_format"
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# name -> (row expression, FROM clause, ORDER BY inside the conversation); the orders are those
+# of MEMORY_ROW_QUERIES / TURN_ROW_QUERY. Every FROM exposes the grouping column as ``g``.
+_PARTS: dict[str, tuple[str, str, str]] = {
+    "scenes": (
+        "json_array(scene_id, seq, title, summary, narrative, turn_ids, epoch_us(start_time), epoch_us(end_time))",
+        "(SELECT *, conversation_id AS g FROM {s}.scenes)", "seq",
+    ),
+    "topic_scene": (
+        "json_array(ts.topic_id, ts.scene_id)",
+        "(SELECT ts.conversation_id AS g, ts.topic_id, ts.scene_id, s.seq FROM {s}.topic_scene ts "
+        "JOIN {s}.scenes s USING (conversation_id, scene_id)) ts", "ts.seq",
+    ),
+    "topics": ("json_array(topic_id, seq, title, keywords)", "(SELECT *, conversation_id AS g FROM {s}.topics)", "seq"),
+    "item_scene": (
+        "json_array(i.item_id, i.scene_id)",
+        "(SELECT i.conversation_id AS g, i.item_id, i.scene_id, s.seq FROM {s}.item_scene i "
+        "JOIN {s}.scenes s USING (conversation_id, scene_id)) i", "i.seq",
+    ),
+    "items": (
+        "json_array(item_id, topic_id, kind, content, epoch_us(event_time), keywords)",
+        "(SELECT *, conversation_id AS g FROM {s}.items)", "item_id",
+    ),
+    "item_triggers": (
+        "json_array(item_id, family, text, rationale)",
+        "(SELECT *, conversation_id AS g FROM {s}.item_triggers)", "item_id, family, ordinal",
+    ),
+    "scene_triggers": (
+        "json_array(scene_id, family, channel, text)",
+        "(SELECT *, conversation_id AS g FROM {s}.scene_triggers)", "scene_id, family, channel",
+    ),
+    "personas": ("json_array(speaker, persona::VARCHAR)", "(SELECT *, conversation_id AS g FROM {s}.personas)", "speaker"),
+    "turns": (
+        "json_array(session_id, turn_id, seq, speaker, text, epoch_us(event_time), metadata::VARCHAR)",
+        "(SELECT *, conversation_id AS g FROM {s}.turns)", "seq",
+    ),
+}
+
+
+def image_sql(schema: str) -> str:
+    """The SELECT building every published conversation's image from the tables of ``schema``."""
+    ctes = ",\n".join(
+        f"p_{name} AS (SELECT g, to_json(list({expr} ORDER BY {order})) AS r FROM {source.format(s=schema)} GROUP BY g)"
+        for name, (expr, source, order) in _PARTS.items()
+    )
+    fields = ", ".join(f"'{name}', coalesce(p_{name}.r, '[]'::JSON)" for name in _PARTS)
+    joins = " ".join(f"LEFT JOIN p_{name} ON p_{name}.g = b.conversation_id" for name in _PARTS)
+    return (
+        f"WITH {ctes}\n"
+        f"SELECT b.conversation_id, {IMAGE_FORMAT} AS format, "
+        f"json_object('conversation_id', b.conversation_id, 'format', {IMAGE_FORMAT}, {fields})::VARCHAR AS image "
+        f"FROM {schema}.memory_builds b {joins} ORDER BY b.conversation_id"
+    )
+
+
+def write_conversation_images(con: duckdb.DuckDBPyConnection, schema: str) -> int:
+    """Create ``<schema>.conversation_images`` from that schema's tables; returns its row count.
+
+    Stored in conversation order, like the other snapshot tables (zone maps prune a point read).
+    """
+    con.execute(f"CREATE TABLE {schema}.{IMAGE_TABLE} AS {image_sql(schema)}")  # noqa: S608 -- fixed names
+    row = con.execute(f"SELECT count(*) FROM {schema}.{IMAGE_TABLE}").fetchone()  # noqa: S608 -- fixed names
+    return int(row[0]) if row else 0
+
+
+def read_image(con: duckdb.DuckDBPyConnection, conversation_id: str) -> tuple[int, str] | None:
+    """``(format, image)`` of one conversation, or ``None`` when the snapshot holds no image for it."""
+    row = con.execute(
+        f"SELECT format, image FROM {IMAGE_TABLE} WHERE conversation_id = ?", [conversation_id]  # noqa: S608
+    ).fetchone()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+def _ts(us: int | None) -> datetime | None:
+    return None if us is None else _EPOCH + timedelta(microseconds=int(us))
+
+
+def _with_times(rows: list[list[Any]], *columns: int) -> list[list[Any]]:
+    for r in rows:
+        for c in columns:
+            r[c] = _ts(r[c])
+    return rows
+
+
+def decode_image(conversation_id: str, fmt: int, image: str, *, source: str = "image") -> tuple[Memory, tuple[Turn, ...]]:
+    """The memory and turns an image holds. :class:`StoreError` (naming ``source``) for an image of
+    another format or another conversation, or a document that is not an image."""
+    if fmt != IMAGE_FORMAT:
+        raise StoreError(f"{source}: image of {conversation_id!r} has format {fmt}, this reader knows {IMAGE_FORMAT}")
+    try:
+        doc = json.loads(image)
+    except ValueError as exc:
+        raise StoreError(f"{source}: image of {conversation_id!r} is not JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("conversation_id") != conversation_id or doc.get("format") != fmt:
+        owner = doc.get("conversation_id") if isinstance(doc, dict) else None
+        raise StoreError(f"{source}: image read for {conversation_id!r} belongs to {owner!r} (or has no header)")
+    try:
+        rows: Rows = {name: doc[name] for name in _PARTS if name != "turns"}
+        _with_times(doc["scenes"], 6, 7)
+        _with_times(doc["items"], 4)
+        turns = turns_from_rows(conversation_id, _with_times(doc["turns"], 5))
+        return memory_from_rows(conversation_id, rows), turns
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise StoreError(f"{source}: image of {conversation_id!r} is malformed ({exc!r})") from exc
