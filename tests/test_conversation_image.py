@@ -20,7 +20,15 @@ from tests.test_query_memory import CRAFTED_IDS, settings_for
 from tmem.errors import StoreError
 from tmem.query.loader import load_index
 from tmem.query.memory import Memory
-from tmem.store.conversation_image import IMAGE_FORMAT, IMAGE_TABLE, MANIFEST_KEY, decode_image, read_image
+from tmem.store.conversation_image import (
+    IMAGE_FORMAT,
+    IMAGE_TABLE,
+    MANIFEST_KEY,
+    decode_image,
+    image_sql,
+    read_image,
+    write_conversation_images,
+)
 from tmem.store.snapshot import MANIFEST, SnapshotInfo, current_snapshot
 from tmem.store.snapshot_reader import SnapshotReader
 
@@ -168,3 +176,21 @@ def test_decoding_rejects_another_conversations_image_a_wrong_format_and_garbage
     del broken["items"]
     with pytest.raises(StoreError, match="malformed"):
         decode_image(CRAFTED_IDS[1], fmt, json.dumps(broken))
+
+
+def test_images_written_in_small_batches_equal_the_published_ones(
+    published: tuple[Path, SnapshotInfo], tmp_path: Path
+) -> None:
+    store, _ = published
+    info = _copy_store(store, tmp_path / "store")
+    con = duckdb.connect(str(info.memory_db))
+    try:
+        query = f"SELECT conversation_id, format, image FROM {IMAGE_TABLE} ORDER BY conversation_id"
+        whole = con.execute(query).fetchall()
+        con.execute(f"DROP TABLE {IMAGE_TABLE}")
+        assert write_conversation_images(con, "main", batch=4) == len(CRAFTED_IDS)
+        assert con.execute(query).fetchall() == whole
+    finally:
+        con.close()
+    with pytest.raises(ValueError, match="identifier"):
+        image_sql("main; DROP TABLE scenes")

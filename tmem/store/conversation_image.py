@@ -44,18 +44,18 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _PARTS: dict[str, tuple[str, str, str]] = {
     "scenes": (
         "json_array(scene_id, seq, title, summary, narrative, turn_ids, epoch_us(start_time), epoch_us(end_time))",
-        "(SELECT *, conversation_id AS g FROM {s}.scenes)", "seq",
+        "(SELECT *, conversation_id AS g FROM {s}.scenes)", "seq, scene_id",
     ),
     "topic_scene": (
         "json_array(ts.topic_id, ts.scene_id)",
         "(SELECT ts.conversation_id AS g, ts.topic_id, ts.scene_id, s.seq FROM {s}.topic_scene ts "
-        "JOIN {s}.scenes s USING (conversation_id, scene_id)) ts", "ts.seq",
+        "JOIN {s}.scenes s USING (conversation_id, scene_id)) ts", "ts.seq, ts.topic_id, ts.scene_id",
     ),
-    "topics": ("json_array(topic_id, seq, title, keywords)", "(SELECT *, conversation_id AS g FROM {s}.topics)", "seq"),
+    "topics": ("json_array(topic_id, seq, title, keywords)", "(SELECT *, conversation_id AS g FROM {s}.topics)", "seq, topic_id"),
     "item_scene": (
         "json_array(i.item_id, i.scene_id)",
         "(SELECT i.conversation_id AS g, i.item_id, i.scene_id, s.seq FROM {s}.item_scene i "
-        "JOIN {s}.scenes s USING (conversation_id, scene_id)) i", "i.seq",
+        "JOIN {s}.scenes s USING (conversation_id, scene_id)) i", "i.seq, i.item_id, i.scene_id",
     ),
     "items": (
         "json_array(item_id, topic_id, kind, content, epoch_us(event_time), keywords)",
@@ -72,15 +72,24 @@ _PARTS: dict[str, tuple[str, str, str]] = {
     "personas": ("json_array(speaker, persona::VARCHAR)", "(SELECT *, conversation_id AS g FROM {s}.personas)", "speaker"),
     "turns": (
         "json_array(session_id, turn_id, seq, speaker, text, epoch_us(event_time), metadata::VARCHAR)",
-        "(SELECT *, conversation_id AS g FROM {s}.turns)", "seq",
+        "(SELECT *, conversation_id AS g FROM {s}.turns)", "seq, turn_id",
     ),
 }
 
 
+# Conversations per INSERT: list aggregation keeps a batch's documents in memory (~1 MB per
+# conversation of the bench's synthetic shape); all 10,000 at once needed > 12 GB.
+IMAGE_BATCH = 256
+
+
 def image_sql(schema: str) -> str:
-    """The SELECT building every published conversation's image from the tables of ``schema``."""
+    """The SELECT building the images of the conversations of ``schema.memory_builds`` whose ids lie
+    in ``[$1, $2]`` from that schema's tables, ordered by conversation id."""
+    if not schema.isidentifier():
+        raise ValueError(f"schema must be a plain identifier, got {schema!r}")
     ctes = ",\n".join(
-        f"p_{name} AS (SELECT g, to_json(list({expr} ORDER BY {order})) AS r FROM {source.format(s=schema)} GROUP BY g)"
+        f"p_{name} AS (SELECT g, to_json(list({expr} ORDER BY {order})) AS r "  # noqa: S608 -- fixed names
+        f"FROM {source.format(s=schema)} WHERE g BETWEEN $1 AND $2 GROUP BY g)"
         for name, (expr, source, order) in _PARTS.items()
     )
     fields = ", ".join(f"'{name}', coalesce(p_{name}.r, '[]'::JSON)" for name in _PARTS)
@@ -89,18 +98,28 @@ def image_sql(schema: str) -> str:
         f"WITH {ctes}\n"
         f"SELECT b.conversation_id, {IMAGE_FORMAT} AS format, "
         f"json_object('conversation_id', b.conversation_id, 'format', {IMAGE_FORMAT}, {fields})::VARCHAR AS image "
-        f"FROM {schema}.memory_builds b {joins} ORDER BY b.conversation_id"
+        f"FROM {schema}.memory_builds b {joins} WHERE b.conversation_id BETWEEN $1 AND $2 ORDER BY b.conversation_id"
     )
 
 
-def write_conversation_images(con: duckdb.DuckDBPyConnection, schema: str) -> int:
+def write_conversation_images(con: duckdb.DuckDBPyConnection, schema: str, batch: int = IMAGE_BATCH) -> int:
     """Create ``<schema>.conversation_images`` from that schema's tables; returns its row count.
 
-    Stored in conversation order, like the other snapshot tables (zone maps prune a point read).
+    Written in conversation order, like the other snapshot tables (zone maps prune a point read),
+    ``batch`` conversations per statement to bound memory.
     """
-    con.execute(f"CREATE TABLE {schema}.{IMAGE_TABLE} AS {image_sql(schema)}")  # noqa: S608 -- fixed names
-    row = con.execute(f"SELECT count(*) FROM {schema}.{IMAGE_TABLE}").fetchone()  # noqa: S608 -- fixed names
-    return int(row[0]) if row else 0
+    select = image_sql(schema)
+    con.execute(
+        f"CREATE TABLE {schema}.{IMAGE_TABLE} (conversation_id VARCHAR NOT NULL, format INTEGER NOT NULL, "
+        "image VARCHAR NOT NULL)"
+    )
+    ids = [r[0] for r in con.execute(
+        f"SELECT conversation_id FROM {schema}.memory_builds ORDER BY conversation_id"  # noqa: S608 -- fixed names
+    ).fetchall()]
+    for start in range(0, len(ids), batch):
+        chunk = ids[start : start + batch]
+        con.execute(f"INSERT INTO {schema}.{IMAGE_TABLE} {select}", [chunk[0], chunk[-1]])
+    return len(ids)
 
 
 def read_image(con: duckdb.DuckDBPyConnection, conversation_id: str) -> tuple[int, str] | None:

@@ -55,7 +55,7 @@ def conversation_states(con: duckdb.DuckDBPyConnection, ids: list[str] | None = 
 # Row order and columns ``turns_from_rows`` expects (``tmem.store.conversation_image`` keeps them).
 TURN_ROW_QUERY = (
     "SELECT session_id, turn_id, seq, speaker, text, event_time, metadata "
-    "FROM turns WHERE conversation_id = ? ORDER BY seq"
+    "FROM turns WHERE conversation_id = ? ORDER BY seq, turn_id"
 )
 
 

@@ -151,12 +151,12 @@ def _list(value: Any) -> tuple[str, ...]:
 # for every conversation at once (its SQL must keep these orders).
 MEMORY_ROW_QUERIES: dict[str, str] = {
     "scenes": "SELECT scene_id, seq, title, summary, narrative, turn_ids, start_time, end_time "
-              "FROM scenes WHERE conversation_id = ? ORDER BY seq",
+              "FROM scenes WHERE conversation_id = ? ORDER BY seq, scene_id",
     "topic_scene": "SELECT ts.topic_id, ts.scene_id FROM topic_scene ts JOIN scenes s USING (conversation_id, scene_id) "
-                   "WHERE ts.conversation_id = ? ORDER BY s.seq",
-    "topics": "SELECT topic_id, seq, title, keywords FROM topics WHERE conversation_id = ? ORDER BY seq",
+                   "WHERE ts.conversation_id = ? ORDER BY s.seq, ts.topic_id, ts.scene_id",
+    "topics": "SELECT topic_id, seq, title, keywords FROM topics WHERE conversation_id = ? ORDER BY seq, topic_id",
     "item_scene": "SELECT i.item_id, i.scene_id FROM item_scene i JOIN scenes s USING (conversation_id, scene_id) "
-                  "WHERE i.conversation_id = ? ORDER BY s.seq",
+                  "WHERE i.conversation_id = ? ORDER BY s.seq, i.item_id, i.scene_id",
     "items": "SELECT item_id, topic_id, kind, content, event_time, keywords FROM items "
              "WHERE conversation_id = ? ORDER BY item_id",
     "item_triggers": "SELECT item_id, family, text, rationale FROM item_triggers WHERE conversation_id = ? "
