@@ -21,10 +21,12 @@ from tmem.errors import StoreError
 from tmem.query.loader import load_index
 from tmem.query.memory import Memory
 from tmem.store.conversation_image import (
+    IMAGE_FILE,
     IMAGE_FORMAT,
     IMAGE_TABLE,
     MANIFEST_KEY,
     decode_image,
+    image_location,
     image_sql,
     read_image,
     write_conversation_images,
@@ -92,7 +94,7 @@ def test_an_image_holds_only_its_conversation(published: tuple[Path, SnapshotInf
     _, info = published
     con = duckdb.connect(str(info.memory_db), read_only=True)
     try:
-        found = read_image(con, cid)
+        found = read_image(con, info.path, cid)
         counts = {
             name: con.execute(f"SELECT count(*) FROM {name} WHERE conversation_id = ?", [cid]).fetchone()
             for name in ("scenes", "topics", "items", "item_scene", "item_triggers", "scene_triggers", "personas", "turns")
@@ -125,10 +127,11 @@ def test_snapshots_without_known_images_are_read_from_the_tables(
     store, _ = published
     info = _copy_store(store, tmp_path / "store")
     _rewrite_manifest(info, fmt)
-    if fmt is None:  # published before images existed: no manifest key, no table
+    if fmt is None:  # published before images existed: no manifest key, no table, no file
         con = duckdb.connect(str(info.memory_db))
         con.execute(f"DROP TABLE {IMAGE_TABLE}")
         con.close()
+        (info.path / IMAGE_FILE).unlink()
     old = current_snapshot(tmp_path / "store")
     assert old is not None and old.image_format == fmt
     reader = SnapshotReader(old, tmp_path / "store")
@@ -160,8 +163,8 @@ def test_decoding_rejects_another_conversations_image_a_wrong_format_and_garbage
     _, info = published
     con = duckdb.connect(str(info.memory_db), read_only=True)
     try:
-        found = read_image(con, CRAFTED_IDS[1])
-        assert read_image(con, "conv-a' OR '1'='1") is None
+        found = read_image(con, info.path, CRAFTED_IDS[1])
+        assert read_image(con, info.path, "conv-a' OR '1'='1") is None
     finally:
         con.close()
     assert found is not None
@@ -183,14 +186,54 @@ def test_images_written_in_small_batches_equal_the_published_ones(
 ) -> None:
     store, _ = published
     info = _copy_store(store, tmp_path / "store")
+    again = tmp_path / "again"
+    again.mkdir()
     con = duckdb.connect(str(info.memory_db))
     try:
-        query = f"SELECT conversation_id, format, image FROM {IMAGE_TABLE} ORDER BY conversation_id"
-        whole = con.execute(query).fetchall()
+        whole = {cid: read_image(con, info.path, cid) for cid in CRAFTED_IDS}
         con.execute(f"DROP TABLE {IMAGE_TABLE}")
-        assert write_conversation_images(con, "main", batch=4) == len(CRAFTED_IDS)
-        assert con.execute(query).fetchall() == whole
+        assert write_conversation_images(con, "main", again, batch=4) == len(CRAFTED_IDS)
+        assert {cid: read_image(con, again, cid) for cid in CRAFTED_IDS} == whole
     finally:
         con.close()
     with pytest.raises(ValueError, match="identifier"):
         image_sql("main; DROP TABLE scenes")
+
+
+def test_a_damaged_image_file_is_a_store_error(published: tuple[Path, SnapshotInfo], tmp_path: Path) -> None:
+    store, _ = published
+    info = _copy_store(store, tmp_path / "store")
+    path = info.path / IMAGE_FILE
+    data = bytearray(path.read_bytes())
+    path.write_bytes(bytes(data[: len(data) // 2]))  # cut short: the last conversations' images are gone
+    last = max(CRAFTED_IDS, key=lambda cid: _location(info, cid)[1])
+    with pytest.raises(StoreError, match="cut short"):
+        SnapshotReader(info, tmp_path / "store").read_conversation(last)
+    offset = _location(info, CRAFTED_IDS[0])[1]
+    data[offset : offset + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="corrupt"):
+        SnapshotReader(info, tmp_path / "store").read_conversation(CRAFTED_IDS[0])
+    path.unlink()
+    with pytest.raises(StoreError, match="cannot open the conversation images"):
+        SnapshotReader(info, tmp_path / "store").read_conversation(CRAFTED_IDS[0])
+
+
+def test_a_reader_keeps_reading_a_snapshot_pruned_under_it(published: tuple[Path, SnapshotInfo], tmp_path: Path) -> None:
+    store, _ = published
+    info = _copy_store(store, tmp_path / "store")
+    reader = SnapshotReader(info, tmp_path / "store")
+    first = reader.read_conversation(CRAFTED_IDS[0])
+    shutil.rmtree(info.path)  # open files survive unlinking (POSIX), like the DuckDB file
+    assert reader.read_conversation(CRAFTED_IDS[4])[0].items
+    assert reader.read_conversation(CRAFTED_IDS[0]) == first
+
+
+def _location(info: SnapshotInfo, cid: str) -> tuple[int, int, int]:
+    con = duckdb.connect(str(info.memory_db), read_only=True)
+    try:
+        where = image_location(con, cid)
+    finally:
+        con.close()
+    assert where is not None
+    return where

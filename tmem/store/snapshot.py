@@ -5,7 +5,8 @@ Layout under the store directory::
     work.duckdb                 builder's working database (single writer)
     lance/                      LanceDB tables (every write is a new table version)
     snapshots/<id>/memory.duckdb  memory tables + turns of every published conversation, and
-                                  one derived image row per conversation (conversation_image.py)
+                                  the index of the derived per-conversation images
+    snapshots/<id>/conversation_images.bin  those images (conversation_image.py)
     snapshots/<id>/manifest.json  id, time, pinned Lance table versions, conversations
     CURRENT                     the id of the snapshot readers use (replaced atomically)
 
@@ -94,7 +95,7 @@ def publish_snapshot(
             # copied as they are, every scoped read scans the whole table (bench/query.py --part scale).
             con.execute(f"CREATE TABLE snap.{name} AS SELECT * FROM main.{name} ORDER BY conversation_id")  # noqa: S608 -- fixed names
         # Derived from the tables just written: a cold query load reads one row instead of nine queries.
-        write_conversation_images(con, "snap")
+        write_conversation_images(con, "snap", tmp)
     finally:
         con.execute("DETACH snap")
     manifest: dict[str, Any] = {
