@@ -306,27 +306,30 @@ def test_a_threads_limited_embedder_uses_its_count_only_during_its_calls(minilm:
     assert torch.get_num_threads() == before
 
 
-def test_overlapping_thread_limits_restore_the_count_when_the_last_leaves() -> None:
+def test_a_thread_limit_applies_to_the_calling_thread_and_is_restored() -> None:
     import torch
 
     before = torch.get_num_threads()
-    entered, release = threading.Barrier(3), threading.Event()
+    entered, release = threading.Barrier(2), threading.Event()
+    seen: dict[str, int] = {}
 
     def user() -> None:
+        seen["worker before"] = torch.get_num_threads()
         with torch_threads(1):
+            seen["worker inside"] = torch.get_num_threads()
             entered.wait(timeout=10)
             release.wait(timeout=10)
+        seen["worker after"] = torch.get_num_threads()
 
-    workers = [threading.Thread(target=user) for _ in range(2)]
-    for w in workers:
-        w.start()
-    entered.wait(timeout=10)  # both users are inside
-    inside = torch.get_num_threads()
+    worker = threading.Thread(target=user)
+    worker.start()
+    entered.wait(timeout=10)  # the worker is inside its limit
+    seen["main meanwhile"] = torch.get_num_threads()
     release.set()
-    for w in workers:
-        w.join(timeout=10)
-    assert inside == 1
-    assert torch.get_num_threads() == before
+    worker.join(timeout=10)
+    assert seen["worker inside"] == 1
+    assert seen["worker after"] == seen["worker before"]
+    assert seen["main meanwhile"] == before  # a query thread's limit does not reach a batch embedder elsewhere
     with torch_threads(0):  # 0: leave torch alone
         assert torch.get_num_threads() == before
 

@@ -131,34 +131,23 @@ class SentenceTransformerEmbedder:
             return self._model
 
 
-_threads_lock = threading.Lock()
-_threads_users = 0
-_threads_saved = 0
-
-
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
-    """Run the body with torch limited to ``n`` threads (``n`` = 0: unchanged), restoring the
-    previous count when the last concurrent user leaves. Torch's thread count is per process, so
-    overlapping users share one setting; a query process sets the same ``n`` everywhere."""
-    global _threads_users, _threads_saved
+    """Run the body with torch limited to ``n`` threads (``n`` = 0: unchanged), then restore the
+    calling thread's previous count. With torch's OpenMP backend (this project's CPU wheel) the
+    count is per calling thread, so a query thread's limit leaves other threads' batch embedding
+    alone (``tests/test_embed.py``)."""
     if n <= 0:
         yield
         return
     import torch
 
-    with _threads_lock:
-        if _threads_users == 0:
-            _threads_saved = torch.get_num_threads()
-        _threads_users += 1
-        torch.set_num_threads(n)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
     try:
         yield
     finally:
-        with _threads_lock:
-            _threads_users -= 1
-            if _threads_users == 0:
-                torch.set_num_threads(_threads_saved)
+        torch.set_num_threads(previous)
 
 
 def _local_output_dim(source: str) -> int | None:
