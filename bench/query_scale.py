@@ -121,8 +121,8 @@ def compare_layouts(store: Path, other_id: str, current_id: str, cids: list[str]
             times[sid].append(time.perf_counter() - t0)
     for reader in readers.values():
         reader.retire()
-    return {sid: {"stored_in_conversation_order": sid == current_id, "read_conversation_ms": summary_ms(v)}
-            for sid, v in times.items()}
+    return {sid: {"stored_in_conversation_order": sid == current_id, "uses_images": readers[sid].uses_images,
+                  "read_conversation_ms": summary_ms(v)} for sid, v in times.items()}
 
 
 def compare_cold_loads(store: Path, other_id: str, current_id: str, cids: list[str], texts: Texts,
@@ -296,11 +296,11 @@ def print_scale(result: dict[str, Any]) -> None:
           f"(stored in conversation order: {prof['stored_in_conversation_order']})")
     print(table(rows, ["read", "table rows", "p50 ms", "p95 ms"]))
     if result.get("snapshot_layout_ab"):
-        rows = [[sid, "yes" if ab["stored_in_conversation_order"] else "no", ab["read_conversation_ms"]["n"],
+        rows = [[sid, "yes" if ab.get("uses_images") else "no", ab["read_conversation_ms"]["n"],
                  ab["read_conversation_ms"]["p50"], ab["read_conversation_ms"]["p95"], ab["read_conversation_ms"]["mean"]]
                 for sid, ab in result["snapshot_layout_ab"].items()]
         print("\nDuckDB cold read (read_conversation), same conversations, alternating snapshots")
-        print(table(rows, ["snapshot", "sorted", "n", "p50 ms", "p95 ms", "mean ms"]))
+        print(table(rows, ["snapshot", "images", "n", "p50 ms", "p95 ms", "mean ms"]))
     if result.get("cold_path_ab"):
         rows = [[sid, "yes" if ab["uses_images"] else "no", ab["cold_total"]["n"]]
                 + [f"{ab[k]['p50']} / {ab[k]['p95']}" for k in ("cold_total", "read_memory", "read_vectors", "build_index")]
