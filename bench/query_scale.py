@@ -22,7 +22,10 @@ import numpy as np
 from benchstats import Stopwatch, loadavg, machine_info, rss_bytes, summary_ms, table
 from scale_store import FACTS, VECTOR_TABLE, Texts, build_scale_store
 
+from tmem.query.loader import load_index
 from tmem.query.memory import Memory
+from tmem.retrieval.cascade import search
+from tmem.retrieval.config import config_from_settings
 from tmem.settings import load_settings
 from tmem.store.conversations import load_turns
 from tmem.store.lance import VectorStore
@@ -34,12 +37,19 @@ from tmem.store.snapshot_reader import SnapshotReader, resolve_lance_uri
 TARGET_SCALE_P95_MS = 50.0
 RSS_CHECKPOINTS = (1, 10, 100, 250, 500, 1000, 2000)
 PROFILE_CONVERSATIONS = 40
+AB_CONVERSATIONS = 300  # per snapshot, in the cold-path A/B
 UNINDEXED_SAMPLES = 3
 
 
 def _unit(rng: np.random.Generator, dim: int) -> np.ndarray:
     v = rng.standard_normal(dim).astype(np.float32)
     return v / np.linalg.norm(v)
+
+
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    row = con.execute(sql).fetchone()
+    assert row is not None, sql
+    return row[0]
 
 
 def profile_cold_read(mem: Memory, cids: list[str], facts: dict[str, Any]) -> dict[str, Any]:
@@ -61,12 +71,11 @@ def profile_cold_read(mem: Memory, cids: list[str], facts: dict[str, Any]) -> di
             t0 = time.perf_counter()
             load_turns(con, cid)
             load_turns_s.append(time.perf_counter() - t0)
-        rows = {name: int(con.execute(f"SELECT count(*) FROM {name}").fetchone()[0])  # noqa: S608
-                for name in per_table}
+        rows = {name: int(_scalar(con, f"SELECT count(*) FROM {name}")) for name in per_table}  # noqa: S608
         clustered = {
-            name: bool(con.execute(
+            name: bool(_scalar(con,
                 f"SELECT coalesce(bool_and(ok), true) FROM (SELECT conversation_id >= lag(conversation_id) "  # noqa: S608
-                f"OVER (ORDER BY rowid) AS ok FROM {name})").fetchone()[0])
+                f"OVER (ORDER BY rowid) AS ok FROM {name})"))
             for name in ("items", "item_triggers", "turns")
         }
     finally:
@@ -112,8 +121,37 @@ def compare_layouts(store: Path, other_id: str, current_id: str, cids: list[str]
             times[sid].append(time.perf_counter() - t0)
     for reader in readers.values():
         reader.retire()
-    return {sid: {"stored_in_conversation_order": sid == current_id, "read_conversation_ms": summary_ms(v)}
-            for sid, v in times.items()}
+    return {sid: {"stored_in_conversation_order": sid == current_id, "uses_images": readers[sid].uses_images,
+                  "read_conversation_ms": summary_ms(v)} for sid, v in times.items()}
+
+
+def compare_cold_loads(store: Path, other_id: str, current_id: str, cids: list[str], texts: Texts,
+                       rng: np.random.Generator, dim: int) -> dict[str, Any]:
+    """A/B of the whole cold path (load_index: DuckDB + Lance + index build, then one hybrid search)
+    on two snapshots of the same memory. The snapshots take turns, each on conversations neither has
+    touched (so each read is cold for both), after one warm-up load each (process-level opens)."""
+    config = config_from_settings(load_settings(store=store), "default")
+    readers = {sid: SnapshotReader(read_snapshot(store, sid), store, VECTOR_TABLE) for sid in (other_id, current_id)}
+    for n, reader in enumerate(readers.values()):
+        load_index(reader, cids[n])
+    parts: dict[str, dict[str, list[float]]] = {
+        sid: {"cold_total": [], "read_memory": [], "read_vectors": [], "build_index": []} for sid in readers
+    }
+    order = list(readers)
+    for n, cid in enumerate(cids[2:]):
+        sid = order[n % 2]
+        q, v = texts.query(int(rng.integers(4, 11))), _unit(rng, dim)
+        t0 = time.perf_counter()
+        index, timing = load_index(readers[sid], cid)
+        search(index, q, v, config)
+        parts[sid]["cold_total"].append(time.perf_counter() - t0)
+        parts[sid]["read_memory"].append(timing.read_memory_s)
+        parts[sid]["read_vectors"].append(timing.read_vectors_s)
+        parts[sid]["build_index"].append(timing.build_index_s)
+    for reader in readers.values():
+        reader.retire()
+    return {sid: {"image_format": readers[sid].info.image_format, "uses_images": readers[sid].uses_images}
+            | {k: summary_ms(v) for k, v in parts[sid].items()} for sid in readers}
 
 
 def run_scale(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,8 +170,10 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
     snap = mem.snapshot()
     cids = sorted(snap.info.conversations)
     rng = np.random.default_rng(args.seed)
-    picks = [cids[i] for i in rng.choice(len(cids), size=n + 1 + PROFILE_CONVERSATIONS, replace=False)]
-    first, cold_set, profile_set = picks[0], picks[1 : n + 1], picks[n + 1 :]
+    ab = 2 * (AB_CONVERSATIONS + 1) if getattr(args, "compare_snapshot", None) else 0
+    picks = [cids[i] for i in rng.choice(len(cids), size=n + 1 + PROFILE_CONVERSATIONS + ab, replace=False)]
+    first, cold_set = picks[0], picks[1 : n + 1]
+    profile_set, ab_set = picks[n + 1 : n + 1 + PROFILE_CONVERSATIONS], picks[n + 1 + PROFILE_CONVERSATIONS :]
     texts = Texts(int(facts.get("seed", 11)))
     texts.rng.seed(args.seed)
     dim = int(facts.get("shape", {}).get("dim", 384))
@@ -177,8 +217,10 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
     assert mem.cache_stats().misses == loads, "warm queries reloaded a conversation"
     print("profiling the cold read ...", flush=True)
     profile = profile_cold_read(mem, profile_set, facts)
-    layouts = None
+    layouts = cold_ab = None
     if getattr(args, "compare_snapshot", None):
+        print(f"A/B of the cold path against snapshot {args.compare_snapshot} ...", flush=True)
+        cold_ab = compare_cold_loads(store, args.compare_snapshot, snap.snapshot_id, ab_set, texts, rng, dim)
         print(f"A/B of the DuckDB read against snapshot {args.compare_snapshot} ...", flush=True)
         layouts = compare_layouts(store, args.compare_snapshot, snap.snapshot_id, cold_set[:400])
 
@@ -212,6 +254,7 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
         "rss_mib_per_loaded_conversation": round(per_conv / 2**20, 3),
         "cold_read_profile": profile,
         "snapshot_layout_ab": layouts,
+        "cold_path_ab": cold_ab,
         "target": {"p95_ms_max": TARGET_SCALE_P95_MS,
                    "warm_met": latency["warm_precomputed_vector"]["p95"] <= TARGET_SCALE_P95_MS,
                    "cold_met": latency["cold_total"]["p95"] <= TARGET_SCALE_P95_MS},
@@ -253,11 +296,17 @@ def print_scale(result: dict[str, Any]) -> None:
           f"(stored in conversation order: {prof['stored_in_conversation_order']})")
     print(table(rows, ["read", "table rows", "p50 ms", "p95 ms"]))
     if result.get("snapshot_layout_ab"):
-        rows = [[sid, "yes" if ab["stored_in_conversation_order"] else "no", ab["read_conversation_ms"]["n"],
+        rows = [[sid, "yes" if ab.get("uses_images") else "no", ab["read_conversation_ms"]["n"],
                  ab["read_conversation_ms"]["p50"], ab["read_conversation_ms"]["p95"], ab["read_conversation_ms"]["mean"]]
                 for sid, ab in result["snapshot_layout_ab"].items()]
         print("\nDuckDB cold read (read_conversation), same conversations, alternating snapshots")
-        print(table(rows, ["snapshot", "sorted", "n", "p50 ms", "p95 ms", "mean ms"]))
+        print(table(rows, ["snapshot", "images", "n", "p50 ms", "p95 ms", "mean ms"]))
+    if result.get("cold_path_ab"):
+        rows = [[sid, "yes" if ab["uses_images"] else "no", ab["cold_total"]["n"]]
+                + [f"{ab[k]['p50']} / {ab[k]['p95']}" for k in ("cold_total", "read_memory", "read_vectors", "build_index")]
+                for sid, ab in result["cold_path_ab"].items()]
+        print("\ncold path A/B (load + one hybrid search; snapshots take turns on fresh conversations), p50 / p95 ms")
+        print(table(rows, ["snapshot", "images", "n", "total", "DuckDB read", "Lance read", "index build"]))
     t = result["target"]
     print(f"target p95 <= {t['p95_ms_max']} ms: warm {'met' if t['warm_met'] else 'NOT met'}, "
           f"cold {'met' if t['cold_met'] else 'NOT met'}")

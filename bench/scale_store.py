@@ -352,13 +352,38 @@ def build_scale_store(
     return facts
 
 
+def republish(store: Path, now: datetime) -> dict[str, Any]:
+    """Publish the store's working database again as a new snapshot (same memory, same pinned Lance
+    version), e.g. to give a store generated before a snapshot-format change the current format.
+    The previous snapshots stay (``--compare-snapshot`` A/Bs them)."""
+    facts_path = store / FACTS
+    facts: dict[str, Any] = json.loads(facts_path.read_text())
+    started = time.perf_counter()
+    con = connect(store)
+    try:
+        info = publish_snapshot(con, store, lance_uri=str(store / "lance"),
+                                lance_versions={VECTOR_TABLE: int(facts["lance_version"])}, now=now)
+    finally:
+        con.close()
+    facts.setdefault("earlier_snapshot_ids", []).append(facts["snapshot_id"])
+    facts["snapshot_id"] = info.snapshot_id
+    facts["timings_s"]["republish_s"] = round(time.perf_counter() - started, 1)
+    facts_path.write_text(json.dumps(facts, indent=1))
+    return facts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("store", type=Path)
+    parser.add_argument("--republish", metavar="ISO_TIME", type=datetime.fromisoformat,
+                        help="publish the existing store's working database again as of this time (no generation)")
     parser.add_argument("--conversations", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args()
+    if args.republish is not None:
+        print(json.dumps(republish(args.store, args.republish), indent=1))
+        return
     facts = build_scale_store(args.store, conversations=args.conversations, batch=args.batch, seed=args.seed)
     print(json.dumps(facts, indent=1))
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +24,7 @@ from tmem.providers.embed import (
     embedder_from_settings,
     embedding_key,
     resolve_model_source,
+    torch_threads,
 )
 from tmem.settings import load_settings
 from tmem.store.duck import connect
@@ -269,3 +272,77 @@ def test_duckdb_cache_is_thread_safe(tmp_path: Path) -> None:
         assert sorted(pool.map(worker, range(4))) == [0, 1, 2, 3]  # map re-raises a worker's error
     assert cache.count("m") == len({(w * 7 + i) % 50 for w in range(4) for i in range(20)})
     con.close()
+
+
+# ---- query-side torch threads --------------------------------------------------------------
+
+
+def test_a_threads_limited_embedder_uses_its_count_only_during_its_calls(minilm: SentenceTransformerEmbedder) -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    class Spy:
+        """Wraps the loaded model to record torch's thread count while it encodes."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def encode(self, *args: Any, **kwargs: Any) -> Any:
+            seen.append(torch.get_num_threads())
+            return self.inner.encode(*args, **kwargs)
+
+        def get_embedding_dimension(self) -> int:
+            return int(self.inner.get_embedding_dimension())
+
+    limited = SentenceTransformerEmbedder(threads=1)
+    limited._model = Spy(minilm._load())  # type: ignore[assignment]
+    default = SentenceTransformerEmbedder()
+    default._model = Spy(minilm._load())  # type: ignore[assignment]
+    np.testing.assert_allclose(limited.embed(TEXTS[:2]), minilm.embed(TEXTS[:2]), atol=1e-5)
+    default.embed(TEXTS[:1])
+    assert seen == [1, before]
+    assert torch.get_num_threads() == before
+
+
+def test_a_thread_limit_applies_to_the_calling_thread_and_is_restored() -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    entered, release = threading.Barrier(2), threading.Event()
+    seen: dict[str, int] = {}
+
+    def user() -> None:
+        seen["worker before"] = torch.get_num_threads()
+        with torch_threads(1):
+            seen["worker inside"] = torch.get_num_threads()
+            entered.wait(timeout=10)
+            release.wait(timeout=10)
+        seen["worker after"] = torch.get_num_threads()
+
+    worker = threading.Thread(target=user)
+    worker.start()
+    entered.wait(timeout=10)  # the worker is inside its limit
+    seen["main meanwhile"] = torch.get_num_threads()
+    release.set()
+    worker.join(timeout=10)
+    assert seen["worker inside"] == 1
+    assert seen["worker after"] == seen["worker before"]
+    assert seen["main meanwhile"] == before  # a query thread's limit does not reach a batch embedder elsewhere
+    with torch_threads(0):  # 0: leave torch alone
+        assert torch.get_num_threads() == before
+
+
+def test_negative_threads_is_a_typed_error() -> None:
+    with pytest.raises(EmbeddingError, match="threads"):
+        SentenceTransformerEmbedder(threads=-1)
+
+
+def test_the_query_side_embedder_is_limited_by_the_setting(tmp_path: Path) -> None:
+    from tmem.query.memory import Memory
+
+    mem = Memory.open(tmp_path, load_settings(store=tmp_path, query_embedding_threads=2))
+    embedder = mem.embedder()
+    assert isinstance(embedder, SentenceTransformerEmbedder) and embedder.threads == 2
+    assert load_settings(store=tmp_path).query_embedding_threads == 1

@@ -93,12 +93,14 @@ def _batching(
     return BatchingChatModel(adapter, client, config, journal=DuckBatchJournal(con) if con is not None else None)
 
 
-def embedder_for(settings: Settings, con: duckdb.DuckDBPyConnection | None) -> Embedder:
-    """The configured sentence-transformers embedder, cached by content hash in ``con`` when given."""
+def embedder_for(settings: Settings, con: duckdb.DuckDBPyConnection | None, *, threads: int = 0) -> Embedder:
+    """The configured sentence-transformers embedder, cached by content hash in ``con`` when given;
+    ``threads`` > 0 limits torch to that many threads during its calls (the query side's setting)."""
     from tmem.providers.embed import CachedEmbedder, SentenceTransformerEmbedder
 
     inner = SentenceTransformerEmbedder(
-        settings.embedding_model, batch_size=settings.embedding_batch_size, device=settings.embedding_device
+        settings.embedding_model, batch_size=settings.embedding_batch_size, device=settings.embedding_device,
+        threads=threads,
     )
     if con is None:
         return inner

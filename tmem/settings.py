@@ -112,6 +112,11 @@ class Settings(BaseSettings):
     rrf_k0: int = Field(60, ge=1)
     context_token_budget: int = Field(6000, ge=256)
     query_cache_size: int = Field(64, ge=1, description="Conversations kept loaded by the query side.")
+    query_embedding_threads: int = Field(
+        1, ge=0,
+        description="Torch threads while embedding a query (one short text: extra threads only add overhead, "
+        "bench/query_embed_threads.py); 0 = torch's default. Build-time batch embedding is not affected.",
+    )
 
     api_key: SecretStr | None = Field(None, description="If set, `tmem serve` requires it as a Bearer token.")
     answer_timeout_s: float = Field(

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -66,9 +67,16 @@ def l2_normalise(matrix: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
 class SentenceTransformerEmbedder:
     """A sentence-transformers model on CPU; the default is the shipped all-MiniLM-L6-v2 (384-d)."""
 
-    def __init__(self, model: str = DEFAULT_EMBEDDING_MODEL, *, batch_size: int = 64, device: str = "cpu") -> None:
+    def __init__(
+        self, model: str = DEFAULT_EMBEDDING_MODEL, *, batch_size: int = 64, device: str = "cpu", threads: int = 0
+    ) -> None:
+        """``threads`` > 0: torch uses that many threads during this embedder's calls only (see
+        :func:`torch_threads`); 0 leaves torch's setting alone (batch embedding at build time)."""
         if batch_size < 1:
             raise EmbeddingError(model, f"batch_size must be positive, got {batch_size}")
+        if threads < 0:
+            raise EmbeddingError(model, f"threads must be 0 (torch default) or positive, got {threads}")
+        self.threads = threads
         self._name = model
         self._source = resolve_model_source(model)
         self.batch_size = batch_size
@@ -94,13 +102,14 @@ class SentenceTransformerEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         model = self._load()
-        raw = model.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            convert_to_numpy=True,
-            normalize_embeddings=False,
-            show_progress_bar=False,
-        )
+        with torch_threads(self.threads):
+            raw = model.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=False,
+                show_progress_bar=False,
+            )
         vectors = l2_normalise(np.asarray(raw))
         if vectors.shape != (len(texts), self.dim):
             raise EmbeddingError(self._name, f"returned shape {vectors.shape} for {len(texts)} texts, expected dim {self.dim}")
@@ -120,6 +129,25 @@ class SentenceTransformerEmbedder:
                         f"directory, or {DEFAULT_EMBEDDING_MODEL!r} for the shipped MiniLM",
                     ) from exc
             return self._model
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the body with torch limited to ``n`` threads (``n`` = 0: unchanged), then restore the
+    calling thread's previous count. With torch's OpenMP backend (this project's CPU wheel) the
+    count is per calling thread, so a query thread's limit leaves other threads' batch embedding
+    alone (``tests/test_embed.py``)."""
+    if n <= 0:
+        yield
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _local_output_dim(source: str) -> int | None:

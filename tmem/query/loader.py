@@ -31,7 +31,7 @@ class LoadTiming:
 
     snapshot_id: str
     conversation_id: str
-    read_memory_s: float  # DuckDB: memory tables + turns
+    read_memory_s: float  # memory + turns: the snapshot image (point read + pread + decode), else the DuckDB tables
     read_vectors_s: float  # LanceDB at the pinned version (0 when vectors were not asked for)
     build_index_s: float  # arrays, CSR links, BM25 corpus
     vector_rows: int

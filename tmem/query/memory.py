@@ -302,7 +302,8 @@ class Memory:
             if self._embedder is None:
                 from tmem.bundle import embedder_for
 
-                self._embedder = embedder_for(self.settings, None)
+                # one short text per call: fewer torch threads are faster (query_embedding_threads)
+                self._embedder = embedder_for(self.settings, None, threads=self.settings.query_embedding_threads)
             return self._embedder
 
     def embed_query(self, text: str) -> npt.NDArray[np.float32]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import duckdb
 
@@ -50,17 +52,24 @@ def conversation_states(con: duckdb.DuckDBPyConnection, ids: list[str] | None = 
     return [states[i] for i in ids]
 
 
+# Row order and columns ``turns_from_rows`` expects (``tmem.store.conversation_image`` keeps them).
+TURN_ROW_QUERY = (
+    "SELECT session_id, turn_id, seq, speaker, text, event_time, metadata "
+    "FROM turns WHERE conversation_id = ? ORDER BY seq, turn_id"
+)
+
+
 def load_turns(con: duckdb.DuckDBPyConnection, conversation_id: str) -> tuple[Turn, ...]:
     """All turns of a conversation in conversation order."""
-    rows = con.execute(
-        "SELECT conversation_id, session_id, turn_id, seq, speaker, text, event_time, metadata "
-        "FROM turns WHERE conversation_id = ? ORDER BY seq",
-        [conversation_id],
-    ).fetchall()
+    return turns_from_rows(conversation_id, con.execute(TURN_ROW_QUERY, [conversation_id]).fetchall())
+
+
+def turns_from_rows(conversation_id: str, rows: Sequence[Sequence[Any]]) -> tuple[Turn, ...]:
+    """Turns from rows of :data:`TURN_ROW_QUERY` (event times as aware datetimes, metadata as JSON text)."""
     return tuple(
         Turn(
-            conversation_id=r[0], session_id=r[1], turn_id=r[2], seq=int(r[3]), speaker=r[4], text=r[5],
-            event_time=r[6], metadata=_metadata(r[7]),
+            conversation_id=conversation_id, session_id=r[0], turn_id=r[1], seq=int(r[2]), speaker=r[3], text=r[4],
+            event_time=r[5], metadata=_metadata(r[6]),
         )
         for r in rows
     )

@@ -146,42 +146,62 @@ def _list(value: Any) -> tuple[str, ...]:
     return tuple(value or ())
 
 
+# The queries that read one conversation's memory, in the row order ``memory_from_rows`` expects.
+# Each selects exactly the columns it needs; ``tmem.store.conversation_image`` builds the same rows
+# for every conversation at once (its SQL must keep these orders).
+MEMORY_ROW_QUERIES: dict[str, str] = {
+    "scenes": "SELECT scene_id, seq, title, summary, narrative, turn_ids, start_time, end_time "
+              "FROM scenes WHERE conversation_id = ? ORDER BY seq, scene_id",
+    "topic_scene": "SELECT ts.topic_id, ts.scene_id FROM topic_scene ts JOIN scenes s USING (conversation_id, scene_id) "
+                   "WHERE ts.conversation_id = ? ORDER BY s.seq, ts.topic_id, ts.scene_id",
+    "topics": "SELECT topic_id, seq, title, keywords FROM topics WHERE conversation_id = ? ORDER BY seq, topic_id",
+    "item_scene": "SELECT i.item_id, i.scene_id FROM item_scene i JOIN scenes s USING (conversation_id, scene_id) "
+                  "WHERE i.conversation_id = ? ORDER BY s.seq, i.item_id, i.scene_id",
+    "items": "SELECT item_id, topic_id, kind, content, event_time, keywords FROM items "
+             "WHERE conversation_id = ? ORDER BY item_id",
+    "item_triggers": "SELECT item_id, family, text, rationale FROM item_triggers WHERE conversation_id = ? "
+                     "ORDER BY item_id, family, ordinal",
+    "scene_triggers": "SELECT scene_id, family, channel, text FROM scene_triggers WHERE conversation_id = ? "
+                      "ORDER BY scene_id, family, channel",
+    "personas": "SELECT speaker, persona FROM personas WHERE conversation_id = ? ORDER BY speaker",
+}
+
+Rows = dict[str, list[tuple[Any, ...]] | list[list[Any]]]
+
+
 def read_memory(con: duckdb.DuckDBPyConnection, conversation_id: str) -> Memory:
     """The stored memory of one conversation (empty tuples if never built)."""
-    cid = [conversation_id]
+    rows: Rows = {name: con.execute(sql, [conversation_id]).fetchall() for name, sql in MEMORY_ROW_QUERIES.items()}
+    return memory_from_rows(conversation_id, rows)
+
+
+def memory_from_rows(conversation_id: str, rows: Rows) -> Memory:
+    """Assemble a :class:`Memory` from the rows of :data:`MEMORY_ROW_QUERIES` (same columns and
+    order; timestamps as aware datetimes, persona bodies as JSON text)."""
     scenes = tuple(
-        Scene(conversation_id=r[0], scene_id=r[1], seq=r[2], title=r[3], summary=r[4], narrative=r[5],
-              turn_ids=_list(r[6]), start_time=r[7], end_time=r[8])
-        for r in con.execute("SELECT * FROM scenes WHERE conversation_id = ? ORDER BY seq", cid).fetchall()
+        Scene(conversation_id=conversation_id, scene_id=r[0], seq=r[1], title=r[2], summary=r[3], narrative=r[4],
+              turn_ids=_list(r[5]), start_time=r[6], end_time=r[7])
+        for r in rows["scenes"]
     )
     members: dict[str, list[str]] = {}
-    for topic_id, scene_id in con.execute(
-        "SELECT ts.topic_id, ts.scene_id FROM topic_scene ts JOIN scenes s USING (conversation_id, scene_id) "
-        "WHERE ts.conversation_id = ? ORDER BY s.seq", cid
-    ).fetchall():
+    for topic_id, scene_id in rows["topic_scene"]:
         members.setdefault(topic_id, []).append(scene_id)
     topics = tuple(
-        Topic(conversation_id=r[0], topic_id=r[1], seq=r[2], title=r[3], keywords=_list(r[4]),
-              scene_ids=tuple(members.get(r[1], ())))
-        for r in con.execute("SELECT * FROM topics WHERE conversation_id = ? ORDER BY seq", cid).fetchall()
+        Topic(conversation_id=conversation_id, topic_id=r[0], seq=r[1], title=r[2], keywords=_list(r[3]),
+              scene_ids=tuple(members.get(r[0], ())))
+        for r in rows["topics"]
     )
     sources: dict[str, list[str]] = {}
-    for item_id, scene_id in con.execute(
-        "SELECT i.item_id, i.scene_id FROM item_scene i JOIN scenes s USING (conversation_id, scene_id) "
-        "WHERE i.conversation_id = ? ORDER BY s.seq", cid
-    ).fetchall():
+    for item_id, scene_id in rows["item_scene"]:
         sources.setdefault(item_id, []).append(scene_id)
     items = tuple(
-        Item(conversation_id=r[0], item_id=r[1], topic_id=r[2], kind=r[3], content=r[4], event_time=r[5],
-             keywords=_list(r[6]), source_scene_ids=tuple(sources.get(r[1], ())))
-        for r in con.execute("SELECT * FROM items WHERE conversation_id = ? ORDER BY item_id", cid).fetchall()
+        Item(conversation_id=conversation_id, item_id=r[0], topic_id=r[1], kind=r[2], content=r[3], event_time=r[4],
+             keywords=_list(r[5]), source_scene_ids=tuple(sources.get(r[0], ())))
+        for r in rows["items"]
     )
     ents: dict[str, list[str]] = {}
     brgs: dict[str, list[BridgeTrigger]] = {}
-    for item_id, family, text, rationale in con.execute(
-        "SELECT item_id, family, text, rationale FROM item_triggers WHERE conversation_id = ? ORDER BY item_id, family, ordinal",
-        cid,
-    ).fetchall():
+    for item_id, family, text, rationale in rows["item_triggers"]:
         if family == "entity":
             ents.setdefault(item_id, []).append(text)
         else:
@@ -193,10 +213,7 @@ def read_memory(con: duckdb.DuckDBPyConnection, conversation_id: str) -> Memory:
     )
     attrs: dict[str, dict[str, str]] = {}
     hors: dict[str, dict[str, str]] = {}
-    for scene_id, family, channel, text in con.execute(
-        "SELECT scene_id, family, channel, text FROM scene_triggers WHERE conversation_id = ? ORDER BY scene_id, family, channel",
-        cid,
-    ).fetchall():
+    for scene_id, family, channel, text in rows["scene_triggers"]:
         (attrs if family == "scene" else hors).setdefault(scene_id, {})[channel] = text
     scene_triggers = tuple(
         SceneTriggers(conversation_id=conversation_id, scene_id=sid,
@@ -207,9 +224,7 @@ def read_memory(con: duckdb.DuckDBPyConnection, conversation_id: str) -> Memory:
     )
     personas = tuple(
         Persona(conversation_id=conversation_id, speaker=speaker, **json.loads(body))
-        for speaker, body in con.execute(
-            "SELECT speaker, persona FROM personas WHERE conversation_id = ? ORDER BY speaker", cid
-        ).fetchall()
+        for speaker, body in rows["personas"]
     )
     return Memory(conversation_id=conversation_id, scenes=scenes, topics=topics, items=items,
                   item_triggers=item_triggers, scene_triggers=scene_triggers, personas=personas)

@@ -4,7 +4,9 @@ Layout under the store directory::
 
     work.duckdb                 builder's working database (single writer)
     lance/                      LanceDB tables (every write is a new table version)
-    snapshots/<id>/memory.duckdb  memory tables + turns of every published conversation
+    snapshots/<id>/memory.duckdb  memory tables + turns of every published conversation, and
+                                  the index of the derived per-conversation images
+    snapshots/<id>/conversation_images.bin  those images (conversation_image.py)
     snapshots/<id>/manifest.json  id, time, pinned Lance table versions, conversations
     CURRENT                     the id of the snapshot readers use (replaced atomically)
 
@@ -27,6 +29,8 @@ import duckdb
 
 from tmem.errors import StoreError
 from tmem.ids import content_hash
+from tmem.store.conversation_image import IMAGE_FORMAT, write_conversation_images
+from tmem.store.conversation_image import MANIFEST_KEY as IMAGE_MANIFEST_KEY
 from tmem.store.migrations import MEMORY_TABLES
 
 SNAPSHOTS = "snapshots"
@@ -45,6 +49,7 @@ class SnapshotInfo:
     lance_uri: str
     lance_versions: dict[str, int]
     conversations: dict[str, str] = field(default_factory=dict)  # conversation id -> build id
+    image_format: int | None = None  # format of conversation_images; None: published before images
 
     @property
     def memory_db(self) -> Path:
@@ -89,6 +94,8 @@ def publish_snapshot(
             # working database a rebuilt conversation's rows land at the end, scattered over time:
             # copied as they are, every scoped read scans the whole table (bench/query.py --part scale).
             con.execute(f"CREATE TABLE snap.{name} AS SELECT * FROM main.{name} ORDER BY conversation_id")  # noqa: S608 -- fixed names
+        # Derived from the tables just written: a cold query load reads one row instead of nine queries.
+        write_conversation_images(con, "snap", tmp)
     finally:
         con.execute("DETACH snap")
     manifest: dict[str, Any] = {
@@ -97,6 +104,7 @@ def publish_snapshot(
         "lance_uri": lance_uri,
         "lance_versions": lance_versions,
         "conversations": builds,
+        IMAGE_MANIFEST_KEY: IMAGE_FORMAT,
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     _fsync_dir(tmp)
@@ -129,6 +137,7 @@ def _info(path: Path, manifest: dict[str, Any]) -> SnapshotInfo:
         lance_uri=manifest["lance_uri"],
         lance_versions={k: int(v) for k, v in manifest["lance_versions"].items()},
         conversations=dict(manifest.get("conversations", {})),
+        image_format=None if manifest.get(IMAGE_MANIFEST_KEY) is None else int(manifest[IMAGE_MANIFEST_KEY]),
     )
 
 

@@ -13,6 +13,7 @@ use only; a lexical-only reader never imports LanceDB.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,14 @@ import duckdb
 
 from tmem.domain import Memory, Turn
 from tmem.errors import ScopeError, StoreError
+from tmem.store.conversation_image import (
+    IMAGE_FILE,
+    IMAGE_FORMAT,
+    decode_image,
+    image_location,
+    open_image_file,
+    read_image_at,
+)
 from tmem.store.conversations import load_turns
 from tmem.store.memory_rows import read_memory
 from tmem.store.snapshot import SnapshotInfo
@@ -65,6 +74,7 @@ class SnapshotReader:
         self.vector_table = vector_table
         self._lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._image_fd: int | None = None  # conversation_images.bin, open while _con is
         self._vectors: VectorStore | None = None
         self._vectors_resolved = False
         self._inflight = 0
@@ -79,10 +89,14 @@ class SnapshotReader:
                 path = self.info.memory_db
                 if not path.is_file():
                     raise StoreError(f"snapshot {self.info.snapshot_id!r}: {path} is missing (pruned while in use?)")
+                image_fd = open_image_file(self.info.path) if self.uses_images else None
                 try:
                     self._con = duckdb.connect(str(path), read_only=True)
                 except duckdb.Error as exc:
+                    if image_fd is not None:
+                        os.close(image_fd)
                     raise StoreError(f"snapshot {self.info.snapshot_id!r}: cannot open {path} read-only ({exc})") from exc
+                self._image_fd = image_fd
             cursor = self._con.cursor()
             self._inflight += 1
         try:
@@ -98,12 +112,29 @@ class SnapshotReader:
             if idle:
                 self._close_connection()
 
-    def read_conversation(self, conversation_id: str) -> tuple[Memory, tuple[Turn, ...]]:
+    @property
+    def uses_images(self) -> bool:
+        """Whether cold reads use the snapshot's per-conversation images (a format this reader
+        knows); otherwise they query the memory tables and turns."""
+        return self.info.image_format == IMAGE_FORMAT
+
+    def read_conversation(self, conversation_id: str, *, from_tables: bool = False) -> tuple[Memory, tuple[Turn, ...]]:
         """The memory and turns of one conversation. :class:`ScopeError` when the snapshot holds
-        no memory for it (exact match on the id, whatever characters it contains)."""
+        no memory for it (exact match on the id, whatever characters it contains).
+
+        Read from the conversation's image when the snapshot has images (one point read), else, or
+        with ``from_tables``, from the tables; both give equal objects."""
         self._check_scope(conversation_id)
         with self._cursor() as cursor:
-            return read_memory(cursor, conversation_id), load_turns(cursor, conversation_id)
+            if from_tables or not self.uses_images:
+                return read_memory(cursor, conversation_id), load_turns(cursor, conversation_id)
+            where = image_location(cursor, conversation_id)
+            source = f"snapshot {self.info.snapshot_id!r} ({self.info.path / IMAGE_FILE})"
+            if where is None:
+                raise StoreError(f"{source}: the manifest lists {conversation_id!r} but its image row is missing")
+            assert self._image_fd is not None  # opened with the connection, closed only when idle
+            document = read_image_at(self._image_fd, source, conversation_id, where[1], where[2])
+        return decode_image(conversation_id, where[0], document, source=source)
 
     def _check_scope(self, conversation_id: str) -> None:
         if not isinstance(conversation_id, str) or conversation_id not in self.info.conversations:
@@ -178,8 +209,11 @@ class SnapshotReader:
             if self._inflight:
                 return
             con, self._con = self._con, None
+            image_fd, self._image_fd = self._image_fd, None
         if con is not None:
             con.close()
+        if image_fd is not None:
+            os.close(image_fd)
 
 
 def _vector_dim(uri: str, table: str, version: int) -> int | None:

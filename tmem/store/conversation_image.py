@@ -1,0 +1,225 @@
+"""A conversation's query-side image: its memory and turns as ONE record of a published snapshot.
+
+The snapshot's memory tables and turns stay the system of record. At publish time
+:func:`write_conversation_images` derives from them, with SQL over the snapshot's own tables, one
+JSON document per published conversation, holding per table exactly the rows the per-table reads
+of :mod:`tmem.store.memory_rows` (``MEMORY_ROW_QUERIES``) and :mod:`tmem.store.conversations`
+(``TURN_ROW_QUERY``) return, in the same order, with timestamps as epoch microseconds. A cold load
+then costs one small point read, one ``pread`` and one ``json.loads`` instead of nine queries, and
+is assembled by the same functions as the table read (``memory_from_rows``, ``turns_from_rows``),
+so both paths give equal objects (``tests/test_conversation_image.py``).
+
+The documents are zlib-compressed into ``conversation_images.bin`` beside ``memory.duckdb``; the
+snapshot's table ``conversation_images(conversation_id, format, byte_offset, byte_length)`` says
+where each is. (Stored as a VARCHAR column of the snapshot instead, one ~120 KB document per row,
+a point read cost 0.6-1.9 s at 10,000 conversations: DuckDB decompressed whole column segments.)
+
+Rows are grouped by ``conversation_id`` in SQL, so a document holds only its conversation's rows
+whatever characters the id contains; the reader also checks the id stored inside the document.
+``format`` versions the document: a reader uses images only when the snapshot's manifest names a
+format it knows (:data:`IMAGE_FORMAT`) and otherwise reads the tables, so snapshots published
+before images existed stay readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from tmem.domain import Memory, Turn
+from tmem.errors import StoreError
+from tmem.store.conversations import turns_from_rows
+from tmem.store.memory_rows import Rows, memory_from_rows
+
+IMAGE_TABLE = "conversation_images"
+IMAGE_FILE = "conversation_images.bin"
+IMAGE_FORMAT = 1
+MANIFEST_KEY = "conversation_image_format"
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# name -> (row expression, FROM clause, ORDER BY inside the conversation); the orders are those
+# of MEMORY_ROW_QUERIES / TURN_ROW_QUERY. Every FROM exposes the grouping column as ``g``.
+_PARTS: dict[str, tuple[str, str, str]] = {
+    "scenes": (
+        "json_array(scene_id, seq, title, summary, narrative, turn_ids, epoch_us(start_time), epoch_us(end_time))",
+        "(SELECT *, conversation_id AS g FROM {s}.scenes)", "seq, scene_id",
+    ),
+    "topic_scene": (
+        "json_array(ts.topic_id, ts.scene_id)",
+        "(SELECT ts.conversation_id AS g, ts.topic_id, ts.scene_id, s.seq FROM {s}.topic_scene ts "
+        "JOIN {s}.scenes s USING (conversation_id, scene_id)) ts", "ts.seq, ts.topic_id, ts.scene_id",
+    ),
+    "topics": ("json_array(topic_id, seq, title, keywords)", "(SELECT *, conversation_id AS g FROM {s}.topics)", "seq, topic_id"),
+    "item_scene": (
+        "json_array(i.item_id, i.scene_id)",
+        "(SELECT i.conversation_id AS g, i.item_id, i.scene_id, s.seq FROM {s}.item_scene i "
+        "JOIN {s}.scenes s USING (conversation_id, scene_id)) i", "i.seq, i.item_id, i.scene_id",
+    ),
+    "items": (
+        "json_array(item_id, topic_id, kind, content, epoch_us(event_time), keywords)",
+        "(SELECT *, conversation_id AS g FROM {s}.items)", "item_id",
+    ),
+    "item_triggers": (
+        "json_array(item_id, family, text, rationale)",
+        "(SELECT *, conversation_id AS g FROM {s}.item_triggers)", "item_id, family, ordinal",
+    ),
+    "scene_triggers": (
+        "json_array(scene_id, family, channel, text)",
+        "(SELECT *, conversation_id AS g FROM {s}.scene_triggers)", "scene_id, family, channel",
+    ),
+    "personas": ("json_array(speaker, persona::VARCHAR)", "(SELECT *, conversation_id AS g FROM {s}.personas)", "speaker"),
+    "turns": (
+        "json_array(session_id, turn_id, seq, speaker, text, epoch_us(event_time), metadata::VARCHAR)",
+        "(SELECT *, conversation_id AS g FROM {s}.turns)", "seq, turn_id",
+    ),
+}
+
+
+# Conversations per INSERT: list aggregation keeps a batch's documents in memory (~1 MB per
+# conversation of the bench's synthetic shape); all 10,000 at once needed > 12 GB.
+IMAGE_BATCH = 256
+
+
+def image_sql(schema: str) -> str:
+    """The SELECT building the images of the conversations of ``schema.memory_builds`` whose ids lie
+    in ``[$1, $2]`` from that schema's tables, ordered by conversation id."""
+    if not schema.isidentifier():
+        raise ValueError(f"schema must be a plain identifier, got {schema!r}")
+    ctes = ",\n".join(
+        f"p_{name} AS (SELECT g, to_json(list({expr} ORDER BY {order})) AS r "  # noqa: S608 -- fixed names
+        f"FROM {source.format(s=schema)} WHERE g BETWEEN $1 AND $2 GROUP BY g)"
+        for name, (expr, source, order) in _PARTS.items()
+    )
+    fields = ", ".join(f"'{name}', coalesce(p_{name}.r, '[]'::JSON)" for name in _PARTS)
+    joins = " ".join(f"LEFT JOIN p_{name} ON p_{name}.g = b.conversation_id" for name in _PARTS)
+    return (
+        f"WITH {ctes}\n"
+        f"SELECT b.conversation_id, {IMAGE_FORMAT} AS format, "
+        f"json_object('conversation_id', b.conversation_id, 'format', {IMAGE_FORMAT}, {fields})::VARCHAR AS image "
+        f"FROM {schema}.memory_builds b {joins} WHERE b.conversation_id BETWEEN $1 AND $2 ORDER BY b.conversation_id"
+    )
+
+
+def write_conversation_images(
+    con: duckdb.DuckDBPyConnection, schema: str, directory: Path, batch: int = IMAGE_BATCH
+) -> int:
+    """Write ``directory/conversation_images.bin`` and its table ``<schema>.conversation_images`` from
+    that schema's tables, ``batch`` conversations per statement; returns the number of images."""
+    select = image_sql(schema)
+    ids = [r[0] for r in con.execute(
+        f"SELECT conversation_id FROM {schema}.memory_builds ORDER BY conversation_id"  # noqa: S608 -- fixed names
+    ).fetchall()]
+    cids: list[str] = []
+    formats: list[int] = []
+    offsets: list[int] = []
+    lengths: list[int] = []
+    with open(Path(directory) / IMAGE_FILE, "wb") as out:
+        for start in range(0, len(ids), batch):
+            chunk = ids[start : start + batch]
+            for cid, fmt, image in con.execute(select, [chunk[0], chunk[-1]]).fetchall():
+                data = zlib.compress(str(image).encode("utf-8"), 1)
+                cids.append(cid)
+                formats.append(int(fmt))
+                offsets.append(out.tell())
+                lengths.append(len(data))
+                out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    index = pa.table({"conversation_id": pa.array(cids, pa.string()), "format": pa.array(formats, pa.int32()),
+                      "byte_offset": pa.array(offsets, pa.int64()), "byte_length": pa.array(lengths, pa.int64())})
+    con.execute(
+        f"CREATE TABLE {schema}.{IMAGE_TABLE} (conversation_id VARCHAR NOT NULL, format INTEGER NOT NULL, "
+        "byte_offset BIGINT NOT NULL, byte_length BIGINT NOT NULL)"
+    )
+    con.register("tmem_image_index", index)
+    try:
+        con.execute(
+            f"INSERT INTO {schema}.{IMAGE_TABLE} SELECT * FROM tmem_image_index ORDER BY conversation_id"  # noqa: S608
+        )
+    finally:
+        con.unregister("tmem_image_index")
+    return len(cids)
+
+
+def image_location(con: duckdb.DuckDBPyConnection, conversation_id: str) -> tuple[int, int, int] | None:
+    """``(format, byte_offset, byte_length)`` of one conversation's image, or ``None`` if it has none."""
+    row = con.execute(
+        f"SELECT format, byte_offset, byte_length FROM {IMAGE_TABLE} WHERE conversation_id = ?",  # noqa: S608
+        [conversation_id],
+    ).fetchone()
+    return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
+
+
+def read_image_at(fd: int, source: str, conversation_id: str, offset: int, length: int) -> str:
+    """The document stored at ``offset`` in the open image file ``fd`` (``source`` names it in
+    errors). :class:`StoreError` when it is cut short or corrupt."""
+    data = os.pread(fd, length, offset)
+    if len(data) != length:
+        raise StoreError(f"{source}: image of {conversation_id!r} is cut short ({len(data)} of {length} bytes)")
+    try:
+        return zlib.decompress(data).decode("utf-8")
+    except (zlib.error, UnicodeDecodeError) as exc:
+        raise StoreError(f"{source}: image of {conversation_id!r} is corrupt ({exc})") from exc
+
+
+def open_image_file(directory: Path) -> int:
+    """A read-only descriptor of the snapshot directory's image file (:class:`StoreError` if missing)."""
+    path = Path(directory) / IMAGE_FILE
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot open the conversation images ({exc})") from exc
+
+
+def read_image(con: duckdb.DuckDBPyConnection, directory: Path, conversation_id: str) -> tuple[int, str] | None:
+    """``(format, document)`` of one conversation of the snapshot in ``directory`` (``con`` is its
+    ``memory.duckdb``), or ``None`` when it holds no image for it."""
+    where = image_location(con, conversation_id)
+    if where is None:
+        return None
+    fd = open_image_file(directory)
+    try:
+        return where[0], read_image_at(fd, str(Path(directory) / IMAGE_FILE), conversation_id, where[1], where[2])
+    finally:
+        os.close(fd)
+
+
+def _ts(us: int | None) -> datetime | None:
+    return None if us is None else _EPOCH + timedelta(microseconds=int(us))
+
+
+def _with_times(rows: list[list[Any]], *columns: int) -> list[list[Any]]:
+    for r in rows:
+        for c in columns:
+            r[c] = _ts(r[c])
+    return rows
+
+
+def decode_image(conversation_id: str, fmt: int, image: str, *, source: str = "image") -> tuple[Memory, tuple[Turn, ...]]:
+    """The memory and turns an image holds. :class:`StoreError` (naming ``source``) for an image of
+    another format or another conversation, or a document that is not an image."""
+    if fmt != IMAGE_FORMAT:
+        raise StoreError(f"{source}: image of {conversation_id!r} has format {fmt}, this reader knows {IMAGE_FORMAT}")
+    try:
+        doc = json.loads(image)
+    except ValueError as exc:
+        raise StoreError(f"{source}: image of {conversation_id!r} is not JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("conversation_id") != conversation_id or doc.get("format") != fmt:
+        owner = doc.get("conversation_id") if isinstance(doc, dict) else None
+        raise StoreError(f"{source}: image read for {conversation_id!r} belongs to {owner!r} (or has no header)")
+    try:
+        rows: Rows = {name: doc[name] for name in _PARTS if name != "turns"}
+        _with_times(doc["scenes"], 6, 7)
+        _with_times(doc["items"], 4)
+        turns = turns_from_rows(conversation_id, _with_times(doc["turns"], 5))
+        return memory_from_rows(conversation_id, rows), turns
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise StoreError(f"{source}: image of {conversation_id!r} is malformed ({exc!r})") from exc
