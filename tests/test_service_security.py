@@ -205,7 +205,7 @@ def test_a_lexical_query_does_not_wait_for_the_embedder_to_load(store: Path, mon
 
     release, loading = threading.Event(), threading.Event()
 
-    def slow_embedder_for(settings: Settings, con: object) -> HashEmbedder:
+    def slow_embedder_for(settings: Settings, con: object, **options: object) -> HashEmbedder:
         loading.set()
         assert release.wait(30), "never released"
         return HashEmbedder()
