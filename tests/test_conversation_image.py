@@ -192,7 +192,7 @@ def test_images_written_in_small_batches_equal_the_published_ones(
     try:
         whole = {cid: read_image(con, info.path, cid) for cid in CRAFTED_IDS}
         con.execute(f"DROP TABLE {IMAGE_TABLE}")
-        assert write_conversation_images(con, "main", again, batch=4) == len(CRAFTED_IDS)
+        assert write_conversation_images(con, "main", again, batch=4) == (len(CRAFTED_IDS), 0)
         assert {cid: read_image(con, again, cid) for cid in CRAFTED_IDS} == whole
     finally:
         con.close()
@@ -237,3 +237,37 @@ def _location(info: SnapshotInfo, cid: str) -> tuple[int, int, int]:
         con.close()
     assert where is not None
     return where
+
+
+def test_a_publish_copies_unchanged_images_and_recomputes_changed_ones(
+    published: tuple[Path, SnapshotInfo], tmp_path: Path
+) -> None:
+    """Images are keyed by what they derive from (build, turns, conversation row): a republish after
+    one conversation was rebuilt and another gained a turn copies every other image from the last
+    snapshot, and the result equals images computed from scratch."""
+    store, _ = published
+    info = _copy_store(store, tmp_path / "store")
+    rebuilt, grown = CRAFTED_IDS[0], CRAFTED_IDS[3]
+    previous = tmp_path / "previous"
+    shutil.copytree(info.path, previous)
+    con = duckdb.connect(str(info.memory_db))
+    try:
+        con.execute("UPDATE scenes SET title = 'retitled' WHERE conversation_id = ? AND seq = 0", [rebuilt])
+        con.execute("UPDATE memory_builds SET build_id = 'rebuilt' WHERE conversation_id = ?", [rebuilt])
+        con.execute(
+            "INSERT INTO turns SELECT * REPLACE (seq + 1000 AS seq, turn_id || '-late' AS turn_id) FROM turns "
+            "WHERE conversation_id = ? ORDER BY seq DESC LIMIT 1", [grown],
+        )
+        con.execute(f"DROP TABLE {IMAGE_TABLE}")
+        incremental, fresh = tmp_path / "incremental", tmp_path / "fresh"
+        incremental.mkdir()
+        fresh.mkdir()
+        assert write_conversation_images(con, "main", incremental, batch=3, previous=previous) == (
+            len(CRAFTED_IDS), len(CRAFTED_IDS) - 2)
+        copied = {cid: read_image(con, incremental, cid) for cid in CRAFTED_IDS}
+        con.execute(f"DROP TABLE {IMAGE_TABLE}")
+        assert write_conversation_images(con, "main", fresh, previous=None) == (len(CRAFTED_IDS), 0)
+        assert {cid: read_image(con, fresh, cid) for cid in CRAFTED_IDS} == copied
+    finally:
+        con.close()
+    assert '"retitled"' in str(copied[rebuilt]) and "-late" in str(copied[grown])

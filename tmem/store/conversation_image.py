@@ -108,36 +108,111 @@ def image_sql(schema: str) -> str:
     )
 
 
+def _source_keys(con: duckdb.DuckDBPyConnection, schema: str) -> dict[str, str]:
+    """Per conversation, a digest of everything its image is derived from: the build (a content hash
+    of its memory), its turns (append-only: their count and last sequence number) and its
+    conversation row. Equal keys mean equal images, so a publish copies those from the last one."""
+    rows = con.execute(
+        f"SELECT b.conversation_id, md5(concat_ws('|', b.build_id, coalesce(t.n, 0)::VARCHAR, "  # noqa: S608
+        f"coalesce(t.m, -1)::VARCHAR, coalesce(to_json(c)::VARCHAR, ''))) "
+        f"FROM {schema}.memory_builds b "
+        f"LEFT JOIN (SELECT conversation_id, count(*) AS n, max(seq) AS m FROM {schema}.turns GROUP BY 1) t "
+        f"USING (conversation_id) LEFT JOIN {schema}.conversations c USING (conversation_id)"
+    ).fetchall()
+    return {str(r[0]): str(r[1]) for r in rows}
+
+
+def _previous_images(previous: Path | None) -> dict[str, tuple[str, int, int]]:
+    """``conversation_id -> (source_key, offset, length)`` of a published snapshot's images of the
+    current format; empty when there is none or it predates source keys."""
+    if previous is None or not (previous / IMAGE_FILE).is_file():
+        return {}
+    prev = duckdb.connect(str(previous / "memory.duckdb"), read_only=True)
+    try:
+        columns = {r[0] for r in prev.execute(f"DESCRIBE {IMAGE_TABLE}").fetchall()}
+        if "source_key" not in columns:
+            return {}
+        rows = prev.execute(
+            f"SELECT conversation_id, source_key, byte_offset, byte_length FROM {IMAGE_TABLE} "  # noqa: S608
+            f"WHERE format = {IMAGE_FORMAT}"
+        ).fetchall()
+    except duckdb.Error:
+        return {}
+    finally:
+        prev.close()
+    return {str(r[0]): (str(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+
+def _runs(ids: list[str], todo: set[str], batch: int) -> list[list[str]]:
+    """Consecutive (in id order) conversations to compute, cut into runs of at most ``batch``: each
+    run is one ``BETWEEN first AND last`` statement that covers no reused conversation."""
+    runs: list[list[str]] = []
+    current: list[str] = []
+    for cid in ids:
+        if cid in todo and len(current) < batch:
+            current.append(cid)
+            continue
+        if current:
+            runs.append(current)
+        current = [cid] if cid in todo else []
+    if current:
+        runs.append(current)
+    return runs
+
+
 def write_conversation_images(
-    con: duckdb.DuckDBPyConnection, schema: str, directory: Path, batch: int = IMAGE_BATCH
-) -> int:
+    con: duckdb.DuckDBPyConnection, schema: str, directory: Path, batch: int = IMAGE_BATCH,
+    previous: Path | None = None,
+) -> tuple[int, int]:
     """Write ``directory/conversation_images.bin`` and its table ``<schema>.conversation_images`` from
-    that schema's tables, ``batch`` conversations per statement; returns the number of images."""
+    that schema's tables, ``batch`` conversations per statement. Images whose source key equals the
+    one in the ``previous`` snapshot directory are copied from it instead of recomputed. Returns
+    ``(images written, images copied)``."""
     select = image_sql(schema)
-    ids = [r[0] for r in con.execute(
-        f"SELECT conversation_id FROM {schema}.memory_builds ORDER BY conversation_id"  # noqa: S608 -- fixed names
-    ).fetchall()]
-    cids: list[str] = []
-    formats: list[int] = []
-    offsets: list[int] = []
-    lengths: list[int] = []
-    with open(Path(directory) / IMAGE_FILE, "wb") as out:
-        for start in range(0, len(ids), batch):
-            chunk = ids[start : start + batch]
-            for cid, fmt, image in con.execute(select, [chunk[0], chunk[-1]]).fetchall():
-                data = zlib.compress(str(image).encode("utf-8"), 1)
-                cids.append(cid)
-                formats.append(int(fmt))
-                offsets.append(out.tell())
-                lengths.append(len(data))
+    keys = _source_keys(con, schema)
+    ids = sorted(keys)
+    old = _previous_images(previous)
+    reuse = {cid for cid in ids if cid in old and old[cid][0] == keys[cid]}
+    computed: dict[str, tuple[int, str]] = {}
+    placed: dict[str, tuple[int, int, int]] = {}
+    prev_fd = open_image_file(previous) if reuse and previous is not None else None
+    try:
+        with open(Path(directory) / IMAGE_FILE, "wb") as out:
+
+            def put(cid: str, fmt: int, data: bytes) -> None:
+                placed[cid] = (fmt, out.tell(), len(data))
                 out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    index = pa.table({"conversation_id": pa.array(cids, pa.string()), "format": pa.array(formats, pa.int32()),
-                      "byte_offset": pa.array(offsets, pa.int64()), "byte_length": pa.array(lengths, pa.int64())})
+
+            runs = iter(_runs(ids, set(ids) - reuse, batch))
+            for cid in ids:
+                if cid in reuse and prev_fd is not None:
+                    _, offset, length = old[cid]
+                    data = os.pread(prev_fd, length, offset)
+                    if len(data) != length:
+                        raise StoreError(f"{previous}/{IMAGE_FILE}: image of {cid!r} is cut short")
+                    put(cid, IMAGE_FORMAT, data)
+                    continue
+                if cid not in computed:
+                    chunk = next(runs)
+                    for row_id, fmt, image in con.execute(select, [chunk[0], chunk[-1]]).fetchall():
+                        computed[row_id] = (int(fmt), str(image))
+                fmt, image = computed.pop(cid)
+                put(cid, fmt, zlib.compress(image.encode("utf-8"), 1))
+            out.flush()
+            os.fsync(out.fileno())
+    finally:
+        if prev_fd is not None:
+            os.close(prev_fd)
+    index = pa.table({
+        "conversation_id": pa.array(ids, pa.string()),
+        "format": pa.array([placed[c][0] for c in ids], pa.int32()),
+        "byte_offset": pa.array([placed[c][1] for c in ids], pa.int64()),
+        "byte_length": pa.array([placed[c][2] for c in ids], pa.int64()),
+        "source_key": pa.array([keys[c] for c in ids], pa.string()),
+    })
     con.execute(
         f"CREATE TABLE {schema}.{IMAGE_TABLE} (conversation_id VARCHAR NOT NULL, format INTEGER NOT NULL, "
-        "byte_offset BIGINT NOT NULL, byte_length BIGINT NOT NULL)"
+        "byte_offset BIGINT NOT NULL, byte_length BIGINT NOT NULL, source_key VARCHAR NOT NULL)"
     )
     con.register("tmem_image_index", index)
     try:
@@ -146,7 +221,7 @@ def write_conversation_images(
         )
     finally:
         con.unregister("tmem_image_index")
-    return len(cids)
+    return len(ids), len(reuse)
 
 
 def image_location(con: duckdb.DuckDBPyConnection, conversation_id: str) -> tuple[int, int, int] | None:

@@ -95,7 +95,7 @@ def publish_snapshot(
             # copied as they are, every scoped read scans the whole table (bench/query.py --part scale).
             con.execute(f"CREATE TABLE snap.{name} AS SELECT * FROM main.{name} ORDER BY conversation_id")  # noqa: S608 -- fixed names
         # Derived from the tables just written: a cold query load reads one row instead of nine queries.
-        write_conversation_images(con, "snap", tmp)
+        write_conversation_images(con, "snap", tmp, previous=_previous_with_images(store))
     finally:
         con.execute("DETACH snap")
     manifest: dict[str, Any] = {
@@ -117,6 +117,16 @@ def publish_snapshot(
     os.replace(pointer_tmp, store / CURRENT)
     _fsync_dir(store)
     return _info(final, manifest)
+
+
+def _previous_with_images(store: Path) -> Path | None:
+    """The current snapshot's directory when its images are of this format (a publish copies the
+    unchanged ones from there)."""
+    try:
+        info = current_snapshot(store)
+    except StoreError:
+        return None
+    return info.path if info is not None and info.image_format == IMAGE_FORMAT else None
 
 
 def _remove_leftovers(root: Path) -> list[str]:
