@@ -12,6 +12,7 @@ conversation (conv-26 sessions 1-3) ingested, and built.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -123,8 +124,8 @@ def assert_no_duplicates(info: SnapshotInfo) -> None:
     finally:
         con.close()
     for cid in (GROWN, NEW):
-        for table, keys in memory_image(info, cid).vector_keys.items():
-            row_ids = [k[0] for k in keys]
+        for table, vector_keys in memory_image(info, cid).vector_keys.items():
+            row_ids = [k[0] for k in vector_keys]
             assert len(row_ids) == len(set(row_ids)), f"Lance {table} has duplicated row ids for {cid}"
 
 
@@ -228,3 +229,120 @@ def test_a_build_killed_at_any_point_resumes_without_duplicates_repeats_or_half_
     finally:
         con.close()
     assert statuses == ["completed", "completed", "interrupted"]  # template build, resumed, killed
+
+
+# -- randomized kill points (issue 8, point 2) -----------------------------------------------------
+
+RANDOM_SEED = 8
+RANDOM_KILLS = 20  # required; one more, optional, may land after the pointer flip
+MAX_REQUEST_KILLS = 13
+KILL_AFTER_MAX_REQUESTS = 5
+
+
+@dataclass(frozen=True)
+class KillPoint:
+    kind: str  # requests | clock | publish | publish+delay
+    value: float  # requests of this run | seconds after start | seconds after the Lance write
+
+    def __str__(self) -> str:
+        unit = {"requests": " requests", "clock": " s after start", "publish": "", "publish+delay": " s after Lance write"}
+        return f"{self.kind}@{self.value:g}{unit[self.kind]}" if self.kind != "publish" else "publish (Lance written)"
+
+
+def _kill_condition(
+    point: KillPoint, store: Path, versions_before: int, lance_after: list[float]
+) -> Callable[[int], bool]:
+    """``kill_when(requests_of_this_run)`` for ``point``. Clock kills fire at the Lance write at the
+    latest, so they never land after the pointer flip (the chain needs work left to resume).
+    Appends to ``lance_after`` the seconds from start to the Lance write, when seen."""
+    started = time.monotonic()
+    lance_seen: list[float] = []
+
+    def lance_written() -> bool:
+        if not lance_seen and _lance_versions(store) > versions_before:
+            lance_seen.append(time.monotonic())
+            lance_after.append(lance_seen[0] - started)
+        return bool(lance_seen)
+
+    def kill_when(requests: int) -> bool:
+        if point.kind == "requests":
+            return requests >= point.value
+        if point.kind == "clock":
+            return time.monotonic() - started >= point.value or lance_written()
+        if point.kind == "publish":
+            return lance_written()
+        return lance_written() and time.monotonic() - lance_seen[0] >= point.value
+
+    return kill_when
+
+
+def test_a_build_killed_at_20_seeded_random_points_in_a_row_resumes_to_the_never_killed_memory(
+    scenario: Scenario, reference: tuple[Run, dict[str, MemoryImage]]
+) -> None:
+    """One store, killed again and again: by request count while LLM work remains, then during
+    publish (after the Lance write, before the pointer) and at random clock times between start
+    and the Lance write (startup, Prefect setup, embedding); each kill is resumed by the next run. Every run repeats at most the requests in
+    flight at the previous kill; the final run publishes what a never-killed build publishes."""
+    started = time.monotonic()
+    clean, clean_images = reference
+    clean_set = set(clean.bodies)
+    rng = random.Random(RANDOM_SEED)
+    store = scenario.store("random-kills")
+    old_current = (store / CURRENT).read_text()
+    asked: list[str] = []
+    tried: list[tuple[KillPoint, int]] = []  # point, requests the killed run sent
+    lance_after: list[float] = []  # seconds from a run's start to its Lance write
+
+    while len(tried) < RANDOM_KILLS + 1:
+        remaining = len(clean_set - set(asked))
+        request_kills = sum(1 for p, _ in tried if p.kind == "requests")
+        if remaining >= 2 and request_kills < MAX_REQUEST_KILLS:
+            point = KillPoint("requests", rng.randint(1, min(KILL_AFTER_MAX_REQUESTS, remaining)))
+        elif len(tried) == RANDOM_KILLS:
+            point = KillPoint("publish+delay", round(rng.uniform(0.0, 0.3), 3))
+        elif not lance_after or rng.random() < 0.4:
+            point = KillPoint("publish", 0)
+        else:  # somewhere in what a resumed run does before it publishes
+            point = KillPoint("clock", round(rng.uniform(0.3, 1.0) * sorted(lance_after)[len(lance_after) // 2], 2))
+        before_cache, before_current = cache_rows(store), (store / CURRENT).read_text()
+        run = scenario.build(store, _kill_condition(point, store, _lance_versions(store), lance_after))
+        if run.returncode is not None:  # only the optional last point may miss (the run finished first)
+            assert point.kind == "publish+delay" and run.returncode == 0, f"{point}: {run.log[-2000:]}"
+            asked += run.bodies
+            break
+        assert_current_is_complete(store)
+        if point.kind != "publish+delay":
+            assert (store / CURRENT).read_text() == before_current, f"{point}: published before the pointer flip"
+        # Every answer received before the kill is in the LLM cache, but those in flight.
+        assert len(run.bodies) - LLM_CONCURRENCY <= cache_rows(store) - before_cache <= len(run.bodies), point
+        repeats = [b for b in run.bodies if b in set(asked)]
+        assert len(repeats) <= LLM_CONCURRENCY, f"{point}: {len(repeats)} requests asked again"
+        asked += run.bodies
+        tried.append((point, len(run.bodies)))
+    else:
+        final = scenario.build(store)
+        assert final.returncode == 0, final.log[-3000:]
+        assert len([b for b in final.bodies if b in set(asked)]) <= LLM_CONCURRENCY
+        asked += final.bodies
+
+    kills = len(tried)
+    assert kills >= RANDOM_KILLS
+    info = current_snapshot(store)
+    assert info is not None and (store / CURRENT).read_text() != old_current
+    for cid, clean_image in clean_images.items():
+        assert diff_images(memory_image(info, cid), clean_image) == [], cid
+    assert_no_duplicates(info)
+    assert list((store / SNAPSHOTS).glob(".*.tmp")) == []
+    assert set(asked) == clean_set  # nothing asked that a clean build does not ask
+    assert len(asked) - len(clean.bodies) <= LLM_CONCURRENCY * kills
+    con = connect(store, read_only=True)
+    try:
+        statuses = [r.status for r in list_runs(con, limit=100)]
+    finally:
+        con.close()
+    # A run killed before its flow started has no row; every other killed run is marked interrupted.
+    assert statuses.count("completed") == 2 and set(statuses) <= {"completed", "interrupted"}, statuses
+    assert 1 <= statuses.count("interrupted") <= kills
+    print(f"\n{kills} kills in {time.monotonic() - started:.0f} s; {len(asked)} requests for a "
+          f"{len(clean.bodies)}-request build ({len(asked) - len(clean.bodies)} repeated in-flight); points: "
+          + ", ".join(f"{p} ({n} req)" for p, n in tried))
