@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,14 @@ import tmem.devtools.synth as synth
 from tests.flow_helpers import SPEAKERS, build, ingest_slice, published, set_llm_env
 from tmem.cli import run as cli_run
 from tmem.cli.base import CliContext
-from tmem.devtools.scripted_llm import FAULT_KINDS, FaultKind, ScriptedLLM, request_input
+from tmem.devtools.scripted_llm import (
+    FAULT_KINDS,
+    FaultKind,
+    RecordedRequest,
+    ScriptedLLM,
+    input_message,
+    request_input,
+)
 from tmem.ids import content_hash
 from tmem.store.memory_image import MemoryImage, diff_images, memory_image
 
@@ -51,7 +59,23 @@ class FaultRun:
     summary: dict[str, Any]
     images: dict[str, MemoryImage]
     requests: int
-    faults: dict[str, int]
+    faults: dict[str, int]  # injected, by kind
+    survived: dict[str, int]  # of those, the ones whose ask later got a clean answer, by kind
+
+
+def _survived(requests: list[RecordedRequest]) -> dict[str, int]:
+    """Per kind, the faulted requests followed by a clean answer to the same ask (same operation and
+    input message: a retry, or a repair re-ask after it); a slow answer, valid but late, also
+    survives when it was taken (the ask was not sent again)."""
+    out: Counter[str] = Counter()
+    for n, r in enumerate(requests):
+        if r.fault is None:
+            continue
+        key = (r.operation, input_message(r.body))
+        later = [x for x in requests[n + 1:] if (x.operation, input_message(x.body)) == key]
+        if any(x.fault is None and x.status == 200 for x in later) or (r.fault == "slow" and not later):
+            out[r.fault] += 1
+    return dict(out)
 
 
 def _build_with(server: ScriptedLLM, store: Path, archive: Path, **env: str) -> FaultRun:
@@ -64,7 +88,7 @@ def _build_with(server: ScriptedLLM, store: Path, archive: Path, **env: str) -> 
         summary = build(store)
     info = published(store)
     return FaultRun(summary, {cid: memory_image(info, cid) for cid in CONVERSATIONS}, len(server.requests) - before,
-                    dict(server.fault_counts(before)))
+                    dict(server.fault_counts(before)), _survived(server.requests[before:]))
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +121,9 @@ def test_a_build_under_20pc_mixed_llm_faults_publishes_the_same_memory_as_a_faul
         assert got.vector_keys == want.vector_keys, cid
     # Every kind was injected, at about the configured rate (over all requests, retries included).
     injected = sum(faulted.faults.values())
-    print(f"\nfaults injected {injected} of {faulted.requests} requests by kind {faulted.faults}; "
-          f"clean build {reference.requests} requests; all survived (identical memory)")
+    print(f"\nfaults injected {injected} of {faulted.requests} requests, by kind {faulted.faults}; survived "
+          f"{faulted.survived}; the clean build sent {reference.requests} requests")
+    assert faulted.survived == faulted.faults
     assert set(faulted.faults) == set(MIXED), faulted.faults
     assert 0.1 * faulted.requests <= injected <= 0.3 * faulted.requests
     # Each fault but "slow" (a late, valid answer) cost at least one more request: a retry or a repair.

@@ -28,6 +28,7 @@ import importlib
 import json
 import math
 import random
+import sys
 import threading
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
@@ -163,7 +164,7 @@ class ScriptedLLM:
         self._scripted: dict[str | None, deque[FaultKind]] = defaultdict(deque)
         self._rngs: dict[str, random.Random] = {}
         self._requests: list[RecordedRequest] = []
-        self._server = ThreadingHTTPServer((host, port), _make_handler(self))
+        self._server = _QuietServer((host, port), _make_handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -335,6 +336,15 @@ def _break_schema(content: str, fmt: dict[str, Any]) -> str:
     if not isinstance(data, dict) or not required:
         return "[]"
     return json.dumps({k: v for k, v in data.items() if k not in required})
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Says nothing when a client vanishes mid-request (a killed build, a timed-out client)."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 def _make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
