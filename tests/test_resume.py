@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import duckdb
@@ -28,7 +28,9 @@ import pytest
 
 from tests.flow_helpers import build, ingest_slice, set_llm_env
 from tests.paths import REPO
-from tmem.devtools.scripted_llm import ScriptedLLM
+from tmem.devtools.scripted_llm import RecordedRequest, ScriptedLLM
+from tmem.ids import content_hash
+from tmem.prompts.base import prompt_versions
 from tmem.store.duck import connect
 from tmem.store.memory_image import MemoryImage, diff_images, memory_image
 from tmem.store.migrations import MEMORY_TABLES
@@ -52,6 +54,26 @@ class Run:
     bodies: list[str]  # request bodies the server received during the run
     cache_rows: int  # llm_cache rows afterwards
     log: str
+    keys: list[str] = field(default_factory=list)  # the LLM cache key of each request, in order
+
+
+PROMPT_VERSIONS = prompt_versions()
+
+
+def request_cache_key(request: RecordedRequest) -> str:
+    """The LLM cache key the builder files this request's answer under (``Prompt.cache_key``)."""
+    body = request.body
+    return content_hash(body["model"], request.operation, PROMPT_VERSIONS[request.operation],
+                        [(m["role"], m["content"]) for m in body["messages"]],
+                        body["response_format"]["json_schema"]["schema"])
+
+
+def cache_keys(store: Path) -> set[str]:
+    con = connect(store, read_only=True)
+    try:
+        return {str(r[0]) for r in con.execute("SELECT cache_key FROM llm_cache").fetchall()}
+    finally:
+        con.close()
 
 
 @dataclass
@@ -89,8 +111,9 @@ class Scenario:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=30)
-        bodies = [repr(r.body["messages"]) for r in self.server.requests[before:]]
-        return Run(code, bodies, cache_rows(store), log.read_text())
+        sent = self.server.requests[before:]
+        bodies = [repr(r.body["messages"]) for r in sent]
+        return Run(code, bodies, cache_rows(store), log.read_text(), [request_cache_key(r) for r in sent])
 
 
 def cache_rows(store: Path) -> int:
@@ -169,7 +192,10 @@ def reference(scenario: Scenario) -> tuple[Run, dict[str, MemoryImage]]:
         summary = build(store)
     assert summary["status"] == "completed", summary["failures"]
     assert summary["conversations_built"] == sorted([GROWN, NEW])
-    run = Run(0, [repr(r.body["messages"]) for r in scenario.server.requests[before:]], cache_rows(store), "")
+    sent = scenario.server.requests[before:]
+    run = Run(0, [repr(r.body["messages"]) for r in sent], cache_rows(store), "", [request_cache_key(r) for r in sent])
+    # The keys computed from the requests are the keys the builder cached the answers under.
+    assert set(run.keys) <= cache_keys(store) and len(set(run.keys)) == len(set(run.bodies))
     info = current_snapshot(store)
     assert info is not None
     return run, {cid: memory_image(info, cid) for cid in (GROWN, NEW)}
@@ -236,7 +262,7 @@ def test_a_build_killed_at_any_point_resumes_without_duplicates_repeats_or_half_
 
 RANDOM_SEED = 8
 RANDOM_KILLS = 20  # required, over all chains; each chain adds one optional point that may land after the flip
-KILL_AFTER_MAX_REQUESTS = 5
+KILL_AFTER_MAX_REQUESTS = 3
 
 
 @dataclass(frozen=True)
@@ -297,7 +323,7 @@ def _kill_chain(scenario: Scenario, clean: Run, name: str, seed: int, kills: int
     asked: list[str] = []
     tried: list[tuple[KillPoint, int]] = []
     lance_after: list[float] = []  # seconds from a run's start to its Lance write
-    max_request_kills = kills * 2 // 3
+    max_request_kills = kills - 2  # the other points each cost a whole resumed run (embedding, publish)
     while len(tried) < kills + 1:
         remaining = len(clean_set - set(asked))
         request_kills = sum(1 for p, _ in tried if p.kind == "requests")
@@ -309,25 +335,27 @@ def _kill_chain(scenario: Scenario, clean: Run, name: str, seed: int, kills: int
             point = KillPoint("publish", 0)
         else:  # somewhere in what a resumed run does before it publishes
             point = KillPoint("clock", round(rng.uniform(0.3, 1.0) * sorted(lance_after)[len(lance_after) // 2], 2))
-        before_cache, before_current = cache_rows(store), (store / CURRENT).read_text()
+        answered, before_current = cache_keys(store), (store / CURRENT).read_text()
         run = scenario.build(store, _kill_condition(point, store, _lance_versions(store), lance_after))
+        # No finished call is asked again: a request asked before must not have had its answer cached.
+        repeated_finished = [k for k in run.keys if k in answered]
+        assert repeated_finished == [], f"{name} {point}: {len(repeated_finished)} answered requests asked again"
+        asked += run.bodies
         if run.returncode is not None:  # only the optional last point may miss (the run finished first)
             assert point.kind == "publish+delay" and run.returncode == 0, f"{name} {point}: {run.log[-2000:]}"
-            asked += run.bodies
             break
         assert_current_is_complete(store)
         if point.kind != "publish+delay":
             assert (store / CURRENT).read_text() == before_current, f"{name} {point}: published before the flip"
         # Every answer received before the kill is in the LLM cache, but those in flight.
-        assert len(run.bodies) - LLM_CONCURRENCY <= cache_rows(store) - before_cache <= len(run.bodies), point
-        repeats = [b for b in run.bodies if b in set(asked)]
-        assert len(repeats) <= LLM_CONCURRENCY, f"{name} {point}: {len(repeats)} requests asked again"
-        asked += run.bodies
+        lost = set(run.keys) - cache_keys(store)
+        assert len(lost) <= LLM_CONCURRENCY, f"{name} {point}: {len(lost)} answers lost"
         tried.append((point, len(run.bodies)))
     else:
+        answered = cache_keys(store)
         final = scenario.build(store)
         assert final.returncode == 0, final.log[-3000:]
-        assert len([b for b in final.bodies if b in set(asked)]) <= LLM_CONCURRENCY
+        assert [k for k in final.keys if k in answered] == []
         asked += final.bodies
     return Chain(name, tried, asked, time.monotonic() - started)
 
@@ -342,8 +370,8 @@ def test_a_build_killed_at_20_seeded_random_points_resumes_to_the_never_killed_m
     """Two stores, each killed again and again (10 + 10 points): by request count while LLM work
     remains, then during publish (after the Lance write, before the pointer) and at random clock
     times between start and the Lance write (startup, Prefect setup, embedding); each kill is
-    resumed by the next run. Every run repeats at most the requests in flight at the previous
-    kill; CURRENT always names a complete snapshot; the final run publishes what a never-killed
+    resumed by the next run. No run asks a request whose answer is already in the LLM cache (only
+    those in flight at a kill are asked again); CURRENT always names a complete snapshot; the final run publishes what a never-killed
     build publishes, with no duplicated row."""
     started = time.monotonic()
     clean, clean_images = reference
