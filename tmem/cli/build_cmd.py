@@ -99,8 +99,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
         ctx.print(f"  {'est. cost':<18} {format_usd(summary.get('cost_usd'))} ({summary.get('model')})")
         for failure in summary["failures"]:
-            label = "QUARANTINED" if failure.get("quarantined") else "FAILED"
-            ctx.print(f"  {label} {failure['conversation_id']}: {failure['message']}")
+            tag = "QUARANTINED" if failure.get("quarantined") else "FAILED"
+            ctx.print(f"  {tag} {failure['conversation_id']}: {failure['message']}")
         if summary["quarantined"]:
             ctx.print("  (quarantined: invalid LLM output after the bounded repair; see `tmem quarantine`)")
     return exit_status(summary)
