@@ -378,6 +378,9 @@ def _make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            if len(raw) < length:  # the client died mid-request (a killed build): nothing to answer or record
+                self.close_connection = True
+                return
             if self.path.rstrip("/") != "/v1/chat/completions":
                 self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return
