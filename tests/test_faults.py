@@ -45,7 +45,7 @@ from tmem.devtools.scripted_llm import (
 from tmem.ids import content_hash
 from tmem.store.memory_image import MemoryImage, diff_images, memory_image
 
-pytestmark = [pytest.mark.prefect, pytest.mark.slow]
+pytestmark = [pytest.mark.prefect, pytest.mark.slow, pytest.mark.timeout(1200)]  # two builds; slow when the machine is shared
 
 CONVERSATIONS = {"conv-26": 2, "conv-30": 2, "conv-41": 2}
 MIXED: tuple[FaultKind, ...] = ("rate_limit", "server_error", "slow", "timeout", "truncated", "invalid")
