@@ -41,13 +41,14 @@ from tmem.build_report import BuildSummary, Failure, render_markdown
 from tmem.construct import dedupe_items
 from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_batches
 from tmem.domain import Memory, Turn
-from tmem.errors import LLMError
+from tmem.errors import LLMError, LLMOutputError
 from tmem.ids import content_hash
 from tmem.pricing import cost_markdown, estimate_cost, price_table
 from tmem.prompts.base import prompt_versions
 from tmem.settings import Settings, load_settings
 from tmem.store.conversations import conversation_states, load_turns
 from tmem.store.lance import VectorRow
+from tmem.store.quarantine import quarantines, record_quarantine
 from tmem.store.runs import close_interrupted_runs, finish_run, memory_counts, start_run
 from tmem.store.snapshot import unpublished_conversations
 
@@ -148,9 +149,16 @@ def build_conversation(store: str, run_id: str, conversation_id: str, fingerprin
     return ConversationBuild(memory=memory, vectors=vectors, watermark_turn_seq=max(t.seq for t in turns))
 
 
+def _orchestration_failure(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a conversation only for what its stages did not already retry: an LLM error reached
+    here after the stage's own retries (and the adapter's repair), so asking again is waste."""
+    return not isinstance(getattr(state, "data", None), LLMError)
+
+
 # One retry of the whole conversation: finished stages are cache hits, so a retry after a transient
 # orchestration error (e.g. the local Prefect API answering 503 under load) only redoes what was lost.
-@task(name="build-conversation", task_run_name="conversation/{conversation_id}", retries=1, retry_delay_seconds=5)
+@task(name="build-conversation", task_run_name="conversation/{conversation_id}", retries=1, retry_delay_seconds=5,
+      retry_condition_fn=_orchestration_failure)
 def build_conversation_task(store: str, run_id: str, conversation_id: str, fingerprint: str) -> ConversationBuild:
     return build_conversation(store, run_id, conversation_id, fingerprint)
 
@@ -163,9 +171,15 @@ def _exception_of(state: Any) -> BaseException:
     return RuntimeError(f"conversation build ended in state {state.type.value}: {state.message}")
 
 
+RAW_EXCERPT_CHARS = 300  # of a quarantined answer, in the report (the whole answer is in the quarantine table)
+
+
 def _failure(conversation_id: str, exc: BaseException) -> Failure:
     if isinstance(exc, LLMError):
-        return Failure(conversation_id, type(exc).__name__, str(exc), exc.operation, exc.input_ref)
+        quarantined = quarantines(exc)
+        raw = (exc.raw_output or "")[:RAW_EXCERPT_CHARS] if quarantined else None
+        return Failure(conversation_id, type(exc).__name__, str(exc), exc.operation, exc.input_ref,
+                       quarantined=quarantined, input_digest=exc.input_digest, raw_output_excerpt=raw)
     return Failure(conversation_id, type(exc).__name__, str(exc))
 
 
@@ -215,7 +229,10 @@ def build_memory(
                     # this conversation's failure; the next build gets it from the caches at no LLM cost.
                     failures.append(_failure(cid, exc))
             else:
-                failures.append(_failure(cid, _exception_of(state)))
+                error = _exception_of(state)
+                failures.append(_failure(cid, error))
+                if isinstance(error, LLMOutputError):  # recorded at once: durable even if the build dies later
+                    record_quarantine(b.con, run_id, cid, error, datetime.now(UTC))
             progress_log.info("%s %s (%d/%d)", cid, "built" if cid in builds else "FAILED", done, len(ids),
                               extra={"conversation_id": cid, "done": done, "total": len(ids), "ok": cid in builds})
         snapshot_id = publish_builds(store, run_id, builds) if builds else None

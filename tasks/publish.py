@@ -12,6 +12,7 @@ from tasks.runtime import bundle
 from tmem.bundle import VECTOR_TABLE, lance_uri
 from tmem.ids import content_hash
 from tmem.store.memory_rows import record_memory_build, replace_memories
+from tmem.store.quarantine import clear_quarantine
 from tmem.store.snapshot import publish_snapshot
 
 if TYPE_CHECKING:
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 @task(name="publish", task_run_name="publish/{run_id}")
 def publish_builds(store: str, run_id: str, builds: dict[str, ConversationBuild]) -> str:
     """Vectors first (new Lance versions are invisible until a manifest pins them), then the
-    memory rows in one transaction, then the snapshot and its pointer. Returns the snapshot id."""
+    memory rows in one transaction, then each build's record (clearing any quarantine of the
+    conversation), then the snapshot and its pointer. Returns the snapshot id."""
     b = bundle(store, run_id)
     vectors = b.vectors()
     # One Lance version for the whole publish; readers only see it once the manifest pins it.
@@ -32,6 +34,7 @@ def publish_builds(store: str, run_id: str, builds: dict[str, ConversationBuild]
         build = builds[cid]
         build_id = content_hash(build.memory.model_dump(mode="json"))[:16]
         record_memory_build(b.con, cid, build_id, run_id, build.watermark_turn_seq, now)
+        clear_quarantine(b.con, cid, run_id, now)  # built: whatever quarantined it is resolved
     info = publish_snapshot(b.con, b.settings.store, lance_uri=str(Path(lance_uri(b.settings)).resolve()),
                             lance_versions={VECTOR_TABLE: version}, now=now)
     return info.snapshot_id

@@ -212,6 +212,36 @@ def test_random_faults_are_deterministic_per_operation(scripted_llm_factory: Cal
     assert 4 <= len(faulted) <= 20 and set(faulted) <= set(kinds)
 
 
+def test_content_keyed_faults_do_not_depend_on_request_order(scripted_llm_factory: Callable[..., ScriptedLLM]) -> None:
+    kinds = ("server_error", "truncated", "invalid")
+    people = [(f"p{i}", i) for i in range(40)]
+
+    def run(seed: int, order: list[tuple[str, int]], repeats: int) -> dict[tuple[str, int], list[str | None]]:
+        server = scripted_llm_factory(default=person, fault_rate=0.3, fault_kinds=kinds, seed=seed,
+                                      fault_keying="content")
+        with httpx.Client() as client:
+            for name, age in order:
+                for _ in range(repeats):  # the same request again (a retry) draws again
+                    post(server, "person", client, name=name, age=age)
+        faults: dict[tuple[str, int], list[str | None]] = {}
+        for r in server.requests:
+            data = request_input(r.body)
+            faults.setdefault((data["name"], data["age"]), []).append(r.fault)
+        counts = server.fault_counts()
+        assert sum(counts.values()) == sum(f is not None for fs in faults.values() for f in fs)
+        return faults
+
+    first = run(5, people, repeats=3)
+    assert first == run(5, list(reversed(people)), repeats=3)
+    assert first != run(6, people, repeats=3)
+    draws = [f for fs in first.values() for f in fs]
+    assert 10 <= sum(f is not None for f in draws) <= 60 and {f for f in draws if f} <= set(kinds)
+    # Repeats of one request are independent draws, not one decision repeated.
+    assert any(len(set(fs)) > 1 for fs in first.values())
+    with pytest.raises(ValueError, match="unknown fault keying"):
+        ScriptedLLM(fault_keying="order")  # type: ignore[arg-type]
+
+
 def test_unknown_fault_kind_is_refused(server: ScriptedLLM) -> None:
     with pytest.raises(ValueError, match="unknown fault kind"):
         server.fail_next("explode", 1)  # type: ignore[arg-type]

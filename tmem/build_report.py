@@ -15,6 +15,9 @@ class Failure:
     message: str
     operation: str | None = None
     input_ref: str | None = None
+    quarantined: bool = False  # invalid LLM output after the bounded repair (table `quarantine`)
+    input_digest: str | None = None
+    raw_output_excerpt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ class BuildSummary:
     snapshot_id: str | None
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def quarantined(self) -> list[str]:
+        return sorted(f.conversation_id for f in self.failures if f.quarantined)
 
     @property
     def llm_calls(self) -> int:
@@ -76,6 +83,7 @@ class BuildSummary:
             snapshot_id=self.snapshot_id,
             conversations_built=self.conversations_built,
             failures=[asdict(f) for f in self.failures],
+            quarantined=self.quarantined,
             seconds=round(self.seconds, 3),
             batch_calls=self.batch_calls,
             batch_prompt_tokens=self.batch_prompt_tokens,
@@ -129,4 +137,26 @@ def render_markdown(summary: BuildSummary) -> str:
             f"| {f.conversation_id} | {f.error_type} | {f.operation or ''} | {f.message.replace('|', '/')[:300]} |"
             for f in summary.failures
         ]
+    quarantined = [f for f in summary.failures if f.quarantined]
+    if quarantined:
+        lines += [
+            "",
+            "## Quarantined",
+            "",
+            "Invalid LLM output after the bounded repair; previous memory kept; full record: `tmem quarantine`.",
+            "",
+            "| conversation | operation | input | input digest | raw output (start) |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {f.conversation_id} | {f.operation or ''} | {_cell(f.input_ref or '')} | `{(f.input_digest or '')[:16]}` "
+            f"| {_cell(f.raw_output_excerpt or '')} |"
+            for f in quarantined
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str, limit: int = 200) -> str:
+    """Text safe inside a markdown table cell."""
+    flat = " ".join(text.split()).replace("|", "/").replace("`", "'")
+    return flat if len(flat) <= limit else flat[:limit] + "..."

@@ -32,15 +32,28 @@ class StoreError(TmemError):
 class LLMError(TmemError):
     """An LLM call failed. Names the operation and a short description of its input."""
 
-    def __init__(self, operation: str, input_ref: str, reason: str, raw_output: str | None = None) -> None:
+    def __init__(
+        self,
+        operation: str,
+        input_ref: str,
+        reason: str,
+        raw_output: str | None = None,
+        input_digest: str | None = None,
+        input_excerpt: str | None = None,
+    ) -> None:
         self.operation = operation
         self.input_ref = input_ref
         self.reason = reason
         self.raw_output = raw_output
+        self.input_digest = input_digest  # content hash of the prompt's messages (Prompt.input_digest)
+        self.input_excerpt = input_excerpt  # the start of the prompt's input block (Prompt.input_excerpt)
         super().__init__(f"LLM operation {operation!r} on {input_ref}: {reason}")
 
-    def __reduce__(self) -> tuple[type, tuple[str, str, str, str | None]]:
-        return (type(self), (self.operation, self.input_ref, self.reason, self.raw_output))
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str | None, str | None, str | None]]:
+        return (
+            type(self),
+            (self.operation, self.input_ref, self.reason, self.raw_output, self.input_digest, self.input_excerpt),
+        )
 
 
 class LLMTransportError(LLMError):

@@ -4,7 +4,7 @@ To add one (build, query, answer, serve, runs, eval): write ``tmem/cli/<name>_cm
 ``COMMAND = Command(...)`` (see :mod:`tmem.cli.base`) and append it to :data:`COMMANDS`.
 
 Exit codes: 0 success; 2 bad input (usage, malformed archive, missing store, invalid settings);
-1 any other failure. Errors print ``error: <message>`` on stderr.
+3 ``tmem build`` published, but some conversations were quarantined; 1 any other failure. Errors print ``error: <message>`` on stderr.
 """
 
 from __future__ import annotations
@@ -15,13 +15,23 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from tmem import __version__
-from tmem.cli import answer_cmd, build_cmd, eval_cmd, ingest_cmd, query_cmd, runs_cmd, serve_cmd, stats_cmd
+from tmem.cli import (
+    answer_cmd,
+    build_cmd,
+    eval_cmd,
+    ingest_cmd,
+    quarantine_cmd,
+    query_cmd,
+    runs_cmd,
+    serve_cmd,
+    stats_cmd,
+)
 from tmem.cli.base import CliContext, Command
 from tmem.errors import DatasetError, IngestError, ScopeError, StoreError, TmemError
 
 COMMANDS: tuple[Command, ...] = (
     ingest_cmd.COMMAND, build_cmd.COMMAND, stats_cmd.COMMAND, query_cmd.COMMAND, answer_cmd.COMMAND, serve_cmd.COMMAND,
-    runs_cmd.COMMAND, eval_cmd.COMMAND,
+    runs_cmd.COMMAND, quarantine_cmd.COMMAND, eval_cmd.COMMAND,
 )
 
 EXIT_OK = 0

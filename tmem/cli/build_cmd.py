@@ -1,7 +1,8 @@
 """``tmem build [--conversation ID ...] [--changed] [--store DIR] [--json]``: run the construction flow locally.
 
 Progress goes to stderr, one line per finished conversation (Prefect's own logs go there too);
-the result goes to stdout.
+the result goes to stdout. Exit status: 0 all built; 3 published the others, some conversations
+quarantined (``tmem quarantine`` lists them); 1 any other failure.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import Any, TextIO
 
 from tmem.cli.base import CliContext, Command, add_json_option, add_store_option, resolve_store
 
@@ -102,8 +103,23 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
         ctx.print(f"  {'est. cost':<18} {format_usd(summary.get('cost_usd'))} ({summary.get('model')})")
         for failure in summary["failures"]:
-            ctx.print(f"  FAILED {failure['conversation_id']}: {failure['message']}")
-    return 0 if summary["status"] == "completed" else 1
+            tag = "QUARANTINED" if failure.get("quarantined") else "FAILED"
+            ctx.print(f"  {tag} {failure['conversation_id']}: {failure['message']}")
+        if summary["quarantined"]:
+            ctx.print("  (quarantined: invalid LLM output after the bounded repair; see `tmem quarantine`)")
+    return exit_status(summary)
+
+
+EXIT_QUARANTINED = 3
+
+
+def exit_status(summary: dict[str, Any]) -> int:
+    """0 completed; 3 every other conversation published and the failures are all quarantines; else 1."""
+    if summary["status"] == "completed":
+        return 0
+    if summary["status"] == "partial" and all(f.get("quarantined") for f in summary["failures"]):
+        return EXIT_QUARANTINED
+    return 1
 
 
 COMMAND = Command(

@@ -51,7 +51,7 @@ def render_table(rows: list[dict[str, Any]]) -> list[str]:
             r["run_id"][:8],
             r["started_at"][:19].replace("T", " "),
             "" if r["seconds"] is None else f"{r['seconds']:.1f}",
-            r["status"] + (f" ({len(r['failures'])} failed)" if r["failures"] else ""),
+            r["status"] + _failure_note(r["failures"]),
             str(len(r["conversations"])),
             str(r["llm_calls"]),
             str(r["llm_cache_hits"]),
@@ -63,6 +63,13 @@ def render_table(rows: list[dict[str, Any]]) -> list[str]:
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(COLUMNS)]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
     return [line.format(*COLUMNS).rstrip(), *(line.format(*c).rstrip() for c in cells)]
+
+
+def _failure_note(failures: list[dict[str, Any]]) -> str:
+    if not failures:
+        return ""
+    quarantined = sum(1 for f in failures if f.get("quarantined"))
+    return f" ({len(failures)} failed" + (f", {quarantined} quarantined)" if quarantined else ")")
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:

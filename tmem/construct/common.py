@@ -52,7 +52,8 @@ def ask_checked(
         except Rejected as rejected:
             feedback = rejected.reason
             failure = ValidationFailure(
-                prompt.operation, prompt.input_ref, rejected.reason, raw_output=answer.model_dump_json()
+                prompt.operation, prompt.input_ref, rejected.reason, raw_output=answer.model_dump_json(),
+                input_digest=prompt.input_digest(), input_excerpt=prompt.input_excerpt(),
             )
     assert failure is not None  # the loop ran at least once
     raise failure

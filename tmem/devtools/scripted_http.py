@@ -67,6 +67,9 @@ def make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            if len(raw) < length:  # the client died mid-request (a killed build): nothing to answer or record
+                self.close_connection = True
+                return
             if self.path.rstrip("/") == "/v1/files":
                 self._send(*server.batches.upload(self.headers.get("Content-Type") or "", raw))
                 return

@@ -9,8 +9,11 @@ deterministic responders there on import), then ``default``. The request's input
 ``request_input(request_json)`` (``parse_input`` of the last user message with an input block).
 
 Faults are injected per request: scripted (``fail_next(kind, n, operation)``) or at random
-(``fault_rate`` with ``seed``; one RNG per operation, so a run is reproducible given the order
-of requests of each operation). Kinds: ``rate_limit`` (429 + Retry-After), ``server_error``
+(``fault_rate`` with ``seed``). Random faults are keyed by ``fault_keying``: ``sequence`` (one RNG
+per operation: reproducible given the order of requests of each operation) or ``content`` (the
+draw depends on the seed, the request's messages and how many times this exact request was seen:
+reproducible whatever the order, so a concurrent build meets the same faults every run; a retry
+of the same request draws again). ``fault_counts()`` counts what was injected, by kind. Kinds: ``rate_limit`` (429 + Retry-After), ``server_error``
 (500), ``slow``, ``timeout`` (sleep past the client's timeout), ``truncated`` (cut JSON,
 finish_reason ``length``), ``invalid`` (JSON that breaks the requested schema), ``unauthorized``
 (401 quoting the bearer token back, as some real servers do: tests that keys stay out of errors).
@@ -21,12 +24,14 @@ Run standalone: ``python -m tmem.devtools.scripted_llm --port 8080 [--latency-ms
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import math
 import random
+import sys
 import threading
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
@@ -40,6 +45,7 @@ from tmem.prompts.base import INPUT_OPEN, parse_input
 Responder = Callable[[str, dict[str, Any]], str]
 FaultKind = Literal["rate_limit", "server_error", "slow", "timeout", "truncated", "invalid", "unauthorized"]
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
+FaultKeying = Literal["sequence", "content"]
 
 _REGISTRY: dict[str, Responder] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -129,6 +135,7 @@ class ScriptedLLM:
         fault_rate: float = 0.0,
         fault_kinds: tuple[FaultKind, ...] = ("rate_limit", "server_error", "truncated", "invalid"),
         seed: int = 0,
+        fault_keying: FaultKeying = "sequence",
         retry_after_s: float = 0.01,
         slow_s: float = 0.2,
         timeout_sleep_s: float = 2.0,
@@ -149,6 +156,10 @@ class ScriptedLLM:
         self.fault_rate = fault_rate
         self.fault_kinds = fault_kinds
         self.seed = seed
+        if fault_keying not in get_args(FaultKeying):
+            raise ValueError(f"unknown fault keying {fault_keying!r}; known: {get_args(FaultKeying)}")
+        self.fault_keying = fault_keying
+        self._seen: dict[str, int] = defaultdict(int)  # request digest -> times seen (content keying)
         self.retry_after_s = retry_after_s
         self.slow_s = slow_s
         self.timeout_sleep_s = timeout_sleep_s
@@ -163,7 +174,7 @@ class ScriptedLLM:
             lambda op, body: self.handle_chat(op, body, via="batch")[:2],
             in_progress_polls=batch_in_progress_polls, delay_s=batch_delay_s,
         )
-        self._server = ThreadingHTTPServer((host, port), make_handler(self))
+        self._server = _QuietServer((host, port), make_handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -217,6 +228,10 @@ class ScriptedLLM:
     def requests_for(self, operation: str) -> list[RecordedRequest]:
         return [r for r in self.requests if r.operation == operation]
 
+    def fault_counts(self, since: int = 0) -> Counter[str]:
+        """Faults injected, by kind, in the requests recorded from index ``since`` on."""
+        return Counter(r.fault for r in self.requests[since:] if r.fault is not None)
+
     def reset(self) -> None:
         """Forget recorded requests and pending scripted faults (random state is kept)."""
         with self._lock:
@@ -224,7 +239,7 @@ class ScriptedLLM:
             self._scripted.clear()
 
     # -- request handling (called from handler threads) ----------------------------------------
-    def _next_fault(self, operation: str) -> FaultKind | None:
+    def _next_fault(self, operation: str, body: dict[str, Any]) -> FaultKind | None:
         with self._lock:
             for key in (operation, None):
                 queue = self._scripted.get(key)
@@ -232,7 +247,14 @@ class ScriptedLLM:
                     return queue.popleft()
             if self.fault_rate <= 0:
                 return None
-            rng = self._rngs.setdefault(operation, random.Random(f"{self.seed}:{operation}"))
+            if self.fault_keying == "content":
+                text = json.dumps([operation, body.get("messages")], sort_keys=True, ensure_ascii=False)
+                digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+                seen = self._seen[digest]
+                self._seen[digest] = seen + 1
+                rng = random.Random(f"{self.seed}:{digest}:{seen}")
+            else:
+                rng = self._rngs.setdefault(operation, random.Random(f"{self.seed}:{operation}"))
             if rng.random() < self.fault_rate:
                 return rng.choice(self.fault_kinds)
             return None
@@ -268,7 +290,7 @@ class ScriptedLLM:
         fmt = body.get("response_format") or {}
         if self.reject_json_schema and fmt.get("type") == "json_schema":
             return 400, fail(400, "response_format type 'json_schema' is not supported here", "response_format"), {}
-        fault = self._next_fault(operation)
+        fault = self._next_fault(operation, body)
         if fault == "rate_limit":
             ms = int(self.retry_after_s * 1000)
             headers = {"Retry-After": str(math.ceil(self.retry_after_s)), "retry-after-ms": str(ms)}
@@ -327,6 +349,15 @@ def _break_schema(content: str, fmt: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in data.items() if k not in required})
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """Says nothing when a client vanishes mid-request (a killed build, a timed-out client)."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 def _load_synth_responders() -> dict[str, Responder]:
     """The responders of ``tmem.devtools.synth`` if it exists.
 
@@ -351,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fault-rate", type=float, default=0.0)
     parser.add_argument("--fault-kinds", default="rate_limit,server_error,truncated,invalid")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fault-keying", choices=get_args(FaultKeying), default="sequence")
     parser.add_argument("--reject-json-schema", action="store_true")
     parser.add_argument("--omit-usage", action="store_true")
     parser.add_argument("--batch-in-progress-polls", type=int, default=1, help="polls a batch answers in_progress")
@@ -368,6 +400,7 @@ def main(argv: list[str] | None = None) -> None:
         fault_rate=args.fault_rate,
         fault_kinds=tuple(k.strip() for k in args.fault_kinds.split(",") if k.strip()),  # type: ignore[arg-type]
         seed=args.seed,
+        fault_keying=args.fault_keying,
         reject_json_schema=args.reject_json_schema,
         omit_usage=args.omit_usage,
         batch_in_progress_polls=args.batch_in_progress_polls,

@@ -42,6 +42,17 @@ class Prompt(Generic[R]):
     def json_schema(self) -> dict[str, Any]:
         return self.response_model.model_json_schema()
 
+    def input_digest(self) -> str:
+        """Content hash of the messages as sent (what a quarantine record names the input by)."""
+        return content_hash([(m.role, m.content) for m in self.messages])
+
+    def input_excerpt(self, limit: int = 2000) -> str:
+        """The start of the input block of the last user message that has one (else of that message)."""
+        users = [m.content for m in self.messages if m.role == "user"]
+        with_input = [c for c in users if INPUT_OPEN in c]
+        text = with_input[-1][with_input[-1].rindex(INPUT_OPEN):] if with_input else (users[-1] if users else "")
+        return text if len(text) <= limit else text[:limit] + "..."
+
     def cache_key(self, model: str) -> str:
         """Content key: model, operation, prompt version, messages and response schema."""
         return content_hash(

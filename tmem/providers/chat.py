@@ -221,6 +221,8 @@ class OpenAIChatModel:
             prompt.input_ref,
             f"answer invalid after {answers} attempt(s) ({requests} requests): {errors}",
             raw_output=content,
+            input_digest=prompt.input_digest(),
+            input_excerpt=prompt.input_excerpt(),
         )
 
     def _messages(self, prompt: Prompt[Any], extra: list[dict[str, str]], mode: str) -> list[dict[str, str]]:

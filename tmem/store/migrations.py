@@ -219,7 +219,34 @@ M005_LLM_BATCHES = Migration(
     """,
 )
 
-MIGRATIONS: Sequence[Migration] = (M001_INGEST, M002_MEMORY, M003_LLM, M004_USAGE_ESTIMATED, M005_LLM_BATCHES)
+# A conversation whose LLM answers stayed invalid after the bounded repair (tmem.store.quarantine).
+# state: active (the conversation's latest build failed this way), superseded (a later build was
+# quarantined again), cleared (a later build of the conversation succeeded: cleared_by_run).
+M006_QUARANTINE = Migration(
+    "m006_quarantine",
+    """
+    CREATE TABLE quarantine (
+        conversation_id VARCHAR NOT NULL,
+        run_id          VARCHAR NOT NULL,
+        error_type      VARCHAR NOT NULL,
+        operation       VARCHAR NOT NULL,
+        input_ref       VARCHAR NOT NULL,
+        input_digest    VARCHAR,
+        input_excerpt   VARCHAR,
+        raw_output      VARCHAR,
+        reason          VARCHAR NOT NULL,
+        quarantined_at  TIMESTAMPTZ NOT NULL,
+        state           VARCHAR NOT NULL CHECK (state IN ('active', 'superseded', 'cleared')),
+        cleared_at      TIMESTAMPTZ,
+        cleared_by_run  VARCHAR,
+        PRIMARY KEY (conversation_id, run_id)
+    );
+    """,
+)
+
+MIGRATIONS: Sequence[Migration] = (
+    M001_INGEST, M002_MEMORY, M003_LLM, M004_USAGE_ESTIMATED, M005_LLM_BATCHES, M006_QUARANTINE,
+)
 
 # Tables that make up a conversation's built memory (copied whole into a snapshot).
 MEMORY_TABLES: tuple[str, ...] = (
