@@ -69,7 +69,8 @@ def optimize_vectors(
         if missing:
             raise StoreError(f"{lance_uri}/{table}: versions {missing} pinned by snapshots are already gone")
         oldest = min((times[v] for v in keep), default=now)
-        window = max(now - oldest, timedelta(0)) + margin
+        # Lance cuts at ITS clock when it cleans, after compaction: measure the age as late as we can.
+        window = max(max(now, datetime.now(UTC)) - oldest, timedelta(0)) + margin
         dim = handle.schema.field("vector").type.list_size
         VectorStore(lance_uri, dim=dim).optimize(table, keep_newer_than=window)
         after = _version_times(db.open_table(table))
