@@ -39,8 +39,12 @@ if TYPE_CHECKING:
 THREAD_POOL_WORKERS = 16  # conversations at once in the thread-pool runner (LLM calls are bounded separately)
 
 
-def task_runner_for(settings: Settings) -> TaskRunner[Any]:
-    """The task runner ``settings`` ask for (a new, unstarted instance)."""
+def task_runner_for(settings: Settings, api_url: str | None = None) -> TaskRunner[Any]:
+    """The task runner ``settings`` ask for (a new, unstarted instance).
+
+    ``api_url`` is the Prefect API of the flow run; a local cluster's workers get it in their
+    environment, so they report to the flow's API even when that is Prefect's ephemeral server.
+    """
     if settings.task_runner == "threads":
         return ThreadPoolTaskRunner(max_workers=THREAD_POOL_WORKERS)
     try:
@@ -49,10 +53,13 @@ def task_runner_for(settings: Settings) -> TaskRunner[Any]:
         raise ConfigError(f"TMEM_TASK_RUNNER=dask needs prefect-dask: pip install 'tmem[dask]' ({exc})") from exc
     if settings.dask_address:
         return DaskTaskRunner(address=settings.dask_address)
-    return DaskTaskRunner(cluster_kwargs={
+    cluster: dict[str, Any] = {
         "n_workers": settings.dask_workers, "threads_per_worker": settings.dask_threads_per_worker,
         "processes": True, "dashboard_address": None,
-    })
+    }
+    if api_url:
+        cluster["env"] = {"PREFECT_API_URL": api_url}
+    return DaskTaskRunner(cluster_kwargs=cluster)
 
 
 class ConfiguredTaskRunner(TaskRunner[PrefectFuture[Any]]):
@@ -60,7 +67,18 @@ class ConfiguredTaskRunner(TaskRunner[PrefectFuture[Any]]):
     for every run, so each run (CLI, deployment, subflow of nightly-rebuild) reads the settings then."""
 
     def duplicate(self) -> Any:
-        return task_runner_for(load_settings())
+        settings = load_settings()
+        if settings.task_runner == "threads":
+            return task_runner_for(settings)
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL
+
+        if settings.dask_address and not PREFECT_API_URL.value():
+            raise ConfigError(
+                "TMEM_DASK_ADDRESS: workers of an existing Dask cluster report to the Prefect API, but this flow "
+                "runs on Prefect's temporary local server; start `prefect server start` and set PREFECT_API_URL"
+            )
+        return task_runner_for(settings, api_url=str(get_client(sync_client=True).api_url).rstrip("/"))
 
     def submit(self, task: Any, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture[Any]] | None = None,
                dependencies: dict[str, Any] | None = None) -> PrefectFuture[Any]:

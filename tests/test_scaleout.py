@@ -163,11 +163,18 @@ def test_task_runner_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -> No
     assert isinstance(threads, ThreadPoolTaskRunner) and threads._max_workers == 16
     remote = task_runner_for(load_settings(task_runner="dask", dask_address="tcp://10.0.0.5:8786"))
     assert isinstance(remote, DaskTaskRunner) and remote.address == "tcp://10.0.0.5:8786"
-    monkeypatch.setenv("TMEM_TASK_RUNNER", "dask")
-    monkeypatch.setenv("TMEM_DASK_WORKERS", "3")
-    local = ConfiguredTaskRunner().duplicate()  # what Prefect enters when a flow run starts
+    local = task_runner_for(load_settings(task_runner="dask", dask_workers=3), api_url="http://127.0.0.1:4200/api")
     assert isinstance(local, DaskTaskRunner) and local.address is None
     assert local.cluster_kwargs["n_workers"] == 3 and local.cluster_kwargs["processes"] is True
+    assert local.cluster_kwargs["env"] == {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}  # workers report there
+
+    # What Prefect enters when a flow run starts: the settings of that moment.
+    assert isinstance(ConfiguredTaskRunner().duplicate(), ThreadPoolTaskRunner)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("TMEM_TASK_RUNNER", "dask")
+    monkeypatch.setenv("TMEM_DASK_ADDRESS", "tcp://10.0.0.5:8786")
+    with pytest.raises(ConfigError, match="PREFECT_API_URL"):  # remote workers cannot reach a temporary server
+        ConfiguredTaskRunner().duplicate()
     monkeypatch.setenv("TMEM_TASK_RUNNER", "ray")
     with pytest.raises(ValueError, match="task_runner"):
         ConfiguredTaskRunner().duplicate()
