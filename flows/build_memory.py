@@ -13,7 +13,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.exceptions import MissingResult
 from prefect.futures import PrefectFuture, as_completed
 from prefect.runtime import flow_run
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks.build import (
     LLM_TAG,
@@ -36,7 +35,8 @@ from tasks.build import (
     summarize_persona,
 )
 from tasks.publish import publish_builds
-from tasks.runtime import bundle, content_cache, release, result_storage
+from tasks.runtime import bundle, content_cache, drain_journal, release, result_storage
+from tasks.scaleout import ConfiguredTaskRunner, open_exchange_for_workers, remove_exchange, store_worker_journals
 from tmem.build_report import BuildSummary, Failure, render_markdown
 from tmem.construct import dedupe_items
 from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_batches
@@ -45,6 +45,7 @@ from tmem.errors import LLMError, LLMOutputError
 from tmem.ids import content_hash
 from tmem.pricing import cost_markdown, estimate_cost, price_table
 from tmem.prompts.base import prompt_versions
+from tmem.providers.journal import JournalBatch
 from tmem.settings import Settings, load_settings
 from tmem.store.conversations import conversation_states, load_turns
 from tmem.store.lance import VectorRow
@@ -62,6 +63,7 @@ class ConversationBuild:
     memory: Memory
     vectors: list[VectorRow]
     watermark_turn_seq: int
+    journal: JournalBatch | None = None  # built on a Dask worker: its cache/ledger writes, for the publisher
 
 
 # The operations a build calls; query/eval prompts (answer, judges) must not invalidate build caches.
@@ -160,7 +162,8 @@ def _orchestration_failure(task: Any, task_run: Any, state: Any) -> bool:
 @task(name="build-conversation", task_run_name="conversation/{conversation_id}", retries=1, retry_delay_seconds=5,
       retry_condition_fn=_orchestration_failure)
 def build_conversation_task(store: str, run_id: str, conversation_id: str, fingerprint: str) -> ConversationBuild:
-    return build_conversation(store, run_id, conversation_id, fingerprint)
+    built = build_conversation(store, run_id, conversation_id, fingerprint)
+    return replace(built, journal=drain_journal(store, run_id))
 
 
 def _exception_of(state: Any) -> BaseException:
@@ -183,7 +186,7 @@ def _failure(conversation_id: str, exc: BaseException) -> Failure:
     return Failure(conversation_id, type(exc).__name__, str(exc))
 
 
-@flow(name="build-memory", flow_run_name="build-memory/{label}", task_runner=ThreadPoolTaskRunner(max_workers=16))  # type: ignore[arg-type]
+@flow(name="build-memory", flow_run_name="build-memory/{label}", task_runner=ConfiguredTaskRunner())
 def build_memory(
     store: str,
     conversation_ids: list[str] | None = None,
@@ -214,6 +217,7 @@ def build_memory(
         start_run(b.con, run_id, {"store": store, "conversation_ids": ids, "only_changed": only_changed,
                                   "label": label, "pid": os.getpid()}, datetime.now(UTC))
         fingerprint = build_fingerprint(settings, b.chat.model_name)
+        open_exchange_for_workers(b, store, ids)  # TMEM_TASK_RUNNER=dask: what workers read, exported once
         futures = {build_conversation_task.submit(store, run_id, cid, fingerprint): cid for cid in ids}
         builds: dict[str, ConversationBuild] = {}
         failures: list[Failure] = []
@@ -235,6 +239,7 @@ def build_memory(
                     record_quarantine(b.con, run_id, cid, error, datetime.now(UTC))
             progress_log.info("%s %s (%d/%d)", cid, "built" if cid in builds else "FAILED", done, len(ids),
                               extra={"conversation_id": cid, "done": done, "total": len(ids), "ok": cid in builds})
+        builds = store_worker_journals(b, store, builds)  # workers' cache and ledger writes, one transaction
         snapshot_id = publish_builds(store, run_id, builds) if builds else None
         usage = b.usage()
         counts = memory_counts(b.con)
@@ -256,4 +261,5 @@ def build_memory(
                                  description=f"tmem build {run_id}: {status}")
         return summary.to_json() | {"model": model, "cost_usd": cost}
     finally:
+        remove_exchange(store, run_id)
         release(store, run_id)

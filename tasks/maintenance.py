@@ -9,7 +9,7 @@ from typing import Any
 
 from prefect import task
 
-from tmem.bundle import lance_uri
+from tmem.bundle import is_object_uri, lance_uri
 from tmem.ingest import ingest_parsed, read_archives
 from tmem.settings import load_settings
 from tmem.store.conversations import conversation_states
@@ -51,7 +51,7 @@ def optimize_vector_tables(store: str, now: datetime, margin_s: float) -> list[d
     """Compact Lance tables and delete versions no retained snapshot pins (run after pruning)."""
     settings = load_settings(store=Path(store))
     uri = lance_uri(settings)
-    if not Path(uri).exists():
+    if not is_object_uri(uri) and not Path(uri).exists():
         return []
     done = optimize_vectors(Path(store), uri, now=now, margin=timedelta(seconds=margin_s))
     return [

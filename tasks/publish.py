@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect import task
 
 from tasks.runtime import bundle
-from tmem.bundle import VECTOR_TABLE, lance_uri
+from tmem.bundle import VECTOR_TABLE, lance_uri, pinned_lance_uri
 from tmem.ids import content_hash
 from tmem.store.memory_rows import record_memory_build, replace_memories
 from tmem.store.quarantine import clear_quarantine
@@ -35,6 +34,6 @@ def publish_builds(store: str, run_id: str, builds: dict[str, ConversationBuild]
         build_id = content_hash(build.memory.model_dump(mode="json"))[:16]
         record_memory_build(b.con, cid, build_id, run_id, build.watermark_turn_seq, now)
         clear_quarantine(b.con, cid, run_id, now)  # built: whatever quarantined it is resolved
-    info = publish_snapshot(b.con, b.settings.store, lance_uri=str(Path(lance_uri(b.settings)).resolve()),
+    info = publish_snapshot(b.con, b.settings.store, lance_uri=pinned_lance_uri(lance_uri(b.settings)),
                             lance_versions={VECTOR_TABLE: version}, now=now)
     return info.snapshot_id

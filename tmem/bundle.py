@@ -8,6 +8,7 @@ builds a client itself.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from tmem.providers.chat import OpenAIChatModel
+    from tmem.providers.journal import WorkJournal
     from tmem.providers.llm_ledger import MeteredChatModel
     from tmem.store.lance import VectorStore
 
@@ -53,8 +55,24 @@ class BoundedChatModel:
             return self._inner.complete(prompt)
 
 
+_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_object_uri(location: str) -> bool:
+    """True for a URI such as ``s3://bucket/lance`` (LanceDB opens it itself), False for a local path."""
+    return bool(_URI_SCHEME.match(location))
+
+
 def lance_uri(settings: Settings) -> str:
+    """Where the vectors live: ``TMEM_LANCE_URI`` (a URI is used verbatim), else ``STORE/lance``."""
+    if settings.lance_uri:
+        return settings.lance_uri
     return str(Path(settings.store) / LANCE_DIR)
+
+
+def pinned_lance_uri(location: str) -> str:
+    """The location a snapshot manifest records: a URI unchanged, a local path made absolute."""
+    return location if is_object_uri(location) else str(Path(location).resolve())
 
 
 def chat_model_for(settings: Settings, role: Role, con: duckdb.DuckDBPyConnection | None, run_id: str) -> ChatModel:
@@ -113,9 +131,10 @@ def embedder_for(settings: Settings, con: duckdb.DuckDBPyConnection | None, *, t
 class BuildBundle:
     settings: Settings
     run_id: str
-    con: duckdb.DuckDBPyConnection
+    con: duckdb.DuckDBPyConnection  # the working DB; on a Dask worker, the run's read-only exchange file
     chat: ChatModel
     embedder: Embedder
+    journal: WorkJournal | None = None  # set on a Dask worker: what it would have written to the store
 
     def usage(self) -> dict[str, OperationUsage]:
         """This run's LLM usage per operation, from the ledger."""
@@ -139,4 +158,49 @@ def open_build_bundle(settings: Settings, run_id: str) -> BuildBundle:
         con=con,
         chat=chat_model_for(settings, "build", con, run_id),
         embedder=embedder_for(settings, con),
+    )
+
+
+def open_worker_bundle(settings: Settings, run_id: str, exchange: Path) -> BuildBundle:
+    """A bundle for a process that must not write the store (a Dask worker).
+
+    Turns and cache hits come from the run's exchange file, opened read-only; new answers,
+    ledger rows and embeddings go to the bundle's journal, which the publisher writes.
+    """
+    from tmem.providers.chat import ChatConfig, OpenAIChatModel
+    from tmem.providers.embed import CachedEmbedder, SentenceTransformerEmbedder
+    from tmem.providers.journal import (
+        JournalingEmbeddingCache,
+        JournalingResponseCache,
+        JournalingUsageLedger,
+        WorkJournal,
+    )
+    from tmem.providers.llm_ledger import CachedChatModel
+    from tmem.store.embed_cache import DuckEmbeddingCache
+    from tmem.store.exchange import check_worker_settings, open_exchange
+    from tmem.store.llm_cache import DuckResponseCache
+
+    con = open_exchange(exchange)
+    try:
+        check_worker_settings(con, exchange, settings)
+    except BaseException:
+        con.close()
+        raise
+    journal = WorkJournal()
+    cached = CachedChatModel(
+        OpenAIChatModel(ChatConfig.from_settings(settings, "build")),
+        cache=JournalingResponseCache(DuckResponseCache(con), journal),
+        ledger=JournalingUsageLedger(journal),
+        run_id=run_id,
+    )
+    inner = SentenceTransformerEmbedder(
+        settings.embedding_model, batch_size=settings.embedding_batch_size, device=settings.embedding_device
+    )
+    return BuildBundle(
+        settings=settings,
+        run_id=run_id,
+        con=con,
+        chat=BoundedChatModel(cached, settings.llm_concurrency),
+        embedder=CachedEmbedder(inner, JournalingEmbeddingCache(DuckEmbeddingCache(con), journal)),
+        journal=journal,
     )

@@ -25,6 +25,10 @@ class DatasetError(TmemError):
     """A benchmark file is missing or not shaped as expected. Names the file and the record."""
 
 
+class ConfigError(TmemError):
+    """A setting asks for something this installation cannot do. Names the setting."""
+
+
 class StoreError(TmemError):
     """The store is missing, locked, or inconsistent."""
 

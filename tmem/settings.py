@@ -22,6 +22,7 @@ OnOff = Literal["off", "on"]
 # Construction operations off the serial path (segmentation and topic admission are serial).
 BATCHABLE_OPERATIONS = ("item_extract", "item_triggers", "scene_triggers", "persona")
 DEFAULT_BATCH_STAGES = ",".join(BATCHABLE_OPERATIONS)
+TaskRunnerKind = Literal["threads", "dask"]
 
 
 class RoleEndpoint(BaseModel, frozen=True):
@@ -39,6 +40,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TMEM_", extra="ignore", frozen=True)
 
     store: Path = Field(Path("./tmem-store"), description="Store directory (DuckDB, LanceDB, snapshots).")
+    lance_uri: str | None = Field(
+        None,
+        description="LanceDB location: a local directory or an object-store URI (s3://, gs://, az://); default STORE/lance.",
+    )
 
     # LLM endpoint shared by all roles; each role may override base URL, key and model.
     llm_base_url: str = Field("http://127.0.0.1:8080/v1", description="OpenAI-compatible base URL.")
@@ -97,6 +102,14 @@ class Settings(BaseSettings):
     embedding_device: str = Field("cpu")
 
     build_concurrency: int = Field(4, ge=1, description="Conversations built in parallel.")
+    task_runner: TaskRunnerKind = Field(
+        "threads", description="Where build-memory runs its conversation tasks: threads (this process) or dask."
+    )
+    dask_address: str | None = Field(
+        None, description="Scheduler address of an existing Dask cluster (e.g. tcp://10.0.0.5:8786); else a local one."
+    )
+    dask_workers: int = Field(2, ge=1, description="Worker processes of the local Dask cluster (no dask_address).")
+    dask_threads_per_worker: int = Field(4, ge=1, description="Conversations built at once per local Dask worker.")
     segment_window: int = Field(16, ge=2, description="Turns per segmentation window.")
     topic_batch: int = Field(10, ge=1, description="Topic labels per matching call (paper b=10).")
     trigger_batch: int = Field(6, ge=1, description="Items per item-trigger call.")

@@ -1,0 +1,121 @@
+"""Scale-out of ``build-memory``: the task runner chosen by settings, and the publisher's side of it.
+
+``TMEM_TASK_RUNNER=threads`` (default) runs the conversation tasks in threads of the flow
+process. ``TMEM_TASK_RUNNER=dask`` sends them to a Dask cluster — ``TMEM_DASK_ADDRESS``, else a
+temporary ``LocalCluster`` of ``TMEM_DASK_WORKERS`` processes x ``TMEM_DASK_THREADS_PER_WORKER``
+threads. A worker runs a conversation's stage tasks in its own threads.
+
+``work.duckdb`` keeps one writer, the flow process. Before submitting, it exports what workers
+read (turns, cache rows) to the run's exchange file (:mod:`tmem.store.exchange`); workers
+journal what they would have written and send it back with each conversation's result; at
+the end the flow sweeps every worker for what is left (e.g. the calls of a failed
+conversation) and writes it all in one transaction before publishing.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect.context import FlowRunContext
+from prefect.futures import PrefectFuture
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+
+from tasks.runtime import finish_worker_run
+from tmem.bundle import BuildBundle
+from tmem.errors import ConfigError
+from tmem.providers.journal import JournalBatch
+from tmem.settings import Settings, load_settings
+from tmem.store.exchange import ExchangeInfo, exchange_path, export_exchange, write_journal
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from flows.build_memory import ConversationBuild
+
+THREAD_POOL_WORKERS = 16  # conversations at once in the thread-pool runner (LLM calls are bounded separately)
+
+
+def task_runner_for(settings: Settings, api_url: str | None = None) -> TaskRunner[Any]:
+    """The task runner ``settings`` ask for (a new, unstarted instance).
+
+    ``api_url`` is the Prefect API of the flow run; a local cluster's workers get it in their
+    environment, so they report to the flow's API even when that is Prefect's ephemeral server.
+    """
+    if settings.task_runner == "threads":
+        return ThreadPoolTaskRunner(max_workers=THREAD_POOL_WORKERS)
+    if settings.batch_operations:
+        # A worker has no batch journal (it never writes the store): a killed build would pay twice.
+        raise ConfigError("TMEM_LLM_BATCH=on is not supported with TMEM_TASK_RUNNER=dask yet: use threads for batch builds")
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError as exc:
+        raise ConfigError(f"TMEM_TASK_RUNNER=dask needs prefect-dask: pip install 'tmem[dask]' ({exc})") from exc
+    if settings.dask_address:
+        return DaskTaskRunner(address=settings.dask_address)
+    cluster: dict[str, Any] = {
+        "n_workers": settings.dask_workers, "threads_per_worker": settings.dask_threads_per_worker,
+        "processes": True, "dashboard_address": None,
+    }
+    if api_url:
+        cluster["env"] = {"PREFECT_API_URL": api_url}
+    return DaskTaskRunner(cluster_kwargs=cluster)
+
+
+class ConfiguredTaskRunner(TaskRunner[PrefectFuture[Any]]):
+    """A placeholder resolved when a flow run starts: Prefect enters ``flow.task_runner.duplicate()``
+    for every run, so each run (CLI, deployment, subflow of nightly-rebuild) reads the settings then."""
+
+    def duplicate(self) -> Any:
+        settings = load_settings()
+        if settings.task_runner == "threads":
+            return task_runner_for(settings)
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL
+
+        if settings.dask_address and not PREFECT_API_URL.value():
+            raise ConfigError(
+                "TMEM_DASK_ADDRESS: workers of an existing Dask cluster report to the Prefect API, but this flow "
+                "runs on Prefect's temporary local server; start `prefect server start` and set PREFECT_API_URL"
+            )
+        return task_runner_for(settings, api_url=str(get_client(sync_client=True).api_url).rstrip("/"))
+
+    def submit(self, task: Any, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture[Any]] | None = None,
+               dependencies: dict[str, Any] | None = None) -> PrefectFuture[Any]:
+        raise RuntimeError("ConfiguredTaskRunner is resolved by duplicate() when a flow run starts; it runs nothing")
+
+
+def dask_client() -> Client | None:
+    """The current flow run's Dask client, or None when its tasks run in threads here."""
+    ctx = FlowRunContext.get()
+    if ctx is None or "prefect_dask" not in sys.modules:
+        return None
+    from prefect_dask import DaskTaskRunner
+
+    runner = ctx.task_runner
+    return runner.client if isinstance(runner, DaskTaskRunner) else None
+
+
+def open_exchange_for_workers(b: BuildBundle, store: str, conversation_ids: list[str]) -> ExchangeInfo | None:
+    """On Dask, export the run's exchange file before any conversation is submitted."""
+    if dask_client() is None:
+        return None
+    return export_exchange(b.con, exchange_path(Path(store), b.run_id), conversation_ids, b.settings)
+
+
+def store_worker_journals(b: BuildBundle, store: str, builds: dict[str, ConversationBuild]) -> dict[str, ConversationBuild]:
+    """Write what workers journaled — returned with their results, plus what every worker still
+    holds — in one transaction. Returns the builds without their journals (nothing to publish)."""
+    batches: list[JournalBatch | None] = [build.journal for build in builds.values()]
+    client = dask_client()
+    if client is not None:
+        batches.extend(client.run(finish_worker_run, store, b.run_id).values())
+    write_journal(b.con, JournalBatch.merge(batches))
+    return {cid: replace(build, journal=None) for cid, build in builds.items()}
+
+
+def remove_exchange(store: str, run_id: str) -> None:
+    exchange_path(Path(store), run_id).unlink(missing_ok=True)

@@ -1,0 +1,206 @@
+"""Scale-out pieces without a cluster (issue 7, point 5): the worker journal, the exchange file,
+the publisher's one-transaction write, the task-runner setting and object-store Lance URIs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+from tests.flow_helpers import ingest_slice
+from tmem.bundle import is_object_uri, lance_uri, pinned_lance_uri
+from tmem.errors import ConfigError, StoreError
+from tmem.providers.embed import InMemoryEmbeddingCache
+from tmem.providers.journal import (
+    EmbeddingEntry,
+    JournalBatch,
+    JournalingEmbeddingCache,
+    JournalingResponseCache,
+    JournalingUsageLedger,
+    WorkJournal,
+)
+from tmem.providers.llm_ledger import CacheEntry, InMemoryResponseCache, UsageRecord
+from tmem.settings import load_settings
+from tmem.store.conversations import load_turns
+from tmem.store.duck import connect
+from tmem.store.exchange import check_worker_settings, exchange_path, export_exchange, open_exchange, write_journal
+from tmem.store.lance import VectorRow, VectorStore
+
+NOW = datetime(2024, 1, 2, 3, 4, tzinfo=UTC)
+
+
+def entry(key: str, model: str = "m1", answer: str = '{"a": 1}') -> CacheEntry:
+    return CacheEntry(key, "persona", model, "v1", answer, 10, 2, NOW)
+
+
+def usage(op: str = "persona", run_id: str = "r1") -> UsageRecord:
+    return UsageRecord(run_id, op, "m1", 10, 2, 5.0, False, 1, NOW)
+
+
+def vec(*values: float) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32)
+
+
+# ---- the worker journal -------------------------------------------------------------------
+
+
+def test_journaling_cache_reads_the_base_and_records_new_answers_without_writing_it() -> None:
+    base = InMemoryResponseCache()
+    base.put(entry("old"))
+    journal = WorkJournal()
+    cache = JournalingResponseCache(base, journal)
+
+    assert cache.get("old") == '{"a": 1}' and cache.get("new") is None
+    cache.put(entry("new", answer='{"a": 2}'))
+    assert cache.get("new") == '{"a": 2}'  # hit in this worker, although the base never changes
+    assert set(base.entries) == {"old"}
+    first = journal.drain()
+    assert [e.cache_key for e in first.cache_entries] == ["new"]
+    assert journal.drain().empty  # handed out once
+    assert cache.get("new") == '{"a": 2}'  # still remembered after the drain
+
+
+def test_journaling_ledger_and_embedding_cache_record_each_write_once() -> None:
+    journal = WorkJournal()
+    ledger = JournalingUsageLedger(journal)
+    ledger.record(usage())
+    ledger.record(usage(run_id="other"))
+    assert ledger.summary("r1")["persona"].calls == 1
+
+    base = InMemoryEmbeddingCache()
+    base.put_many("e", {"h0": vec(1, 0)})
+    cache = JournalingEmbeddingCache(base, journal)
+    cache.put_many("e", {"h1": vec(0, 1)})
+    cache.put_many("e", {"h1": vec(9, 9), "h2": vec(1, 1)})  # h1 exists: kept, not journaled again
+    found = cache.get_many("e", ["h0", "h1", "h2", "missing"])
+    assert sorted(found) == ["h0", "h1", "h2"] and found["h1"].tolist() == [0, 1]
+    assert len(base) == 1
+    batch = journal.drain()
+    assert [u.run_id for u in batch.usage] == ["r1", "other"]
+    assert [(e.model, e.text_hash) for e in batch.embeddings] == [("e", "h1"), ("e", "h2")]
+
+
+# ---- exchange file and the publisher's write ----------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    ingest_slice(root, tmp_path / "slice.json", {"conv-30": 1, "conv-26": 1})
+    con = connect(root)
+    try:
+        write_journal(con, JournalBatch(
+            cache_entries=(entry("k1", "gpt-4o-mini"), entry("k2", "other-model")),
+            embeddings=(EmbeddingEntry("all-MiniLM-L6-v2", "h1", vec(1, 2)), EmbeddingEntry("other", "h2", vec(3, 4))),
+        ))
+    finally:
+        con.close()
+    return root
+
+
+def test_exchange_holds_the_runs_turns_and_the_build_models_cache_rows_read_only(store: Path) -> None:
+    settings = load_settings(store=store)
+    con = connect(store)
+    try:
+        want = load_turns(con, "conv-30")
+        info = export_exchange(con, exchange_path(store, "run/1"), ["conv-30"], settings)
+    finally:
+        con.close()
+    assert info.path == store / "exchange" / "run_1.duckdb" and info.path.is_file()
+    assert (info.turns, info.llm_cache_rows, info.embedding_rows) == (len(want), 1, 1)
+
+    ex = open_exchange(info.path)
+    try:
+        assert load_turns(ex, "conv-30") == want and load_turns(ex, "conv-26") == ()
+        assert ex.execute("SELECT cache_key FROM llm_cache").fetchall() == [("k1",)]
+        with pytest.raises(duckdb.Error, match="read-only"):
+            ex.execute("DELETE FROM llm_cache")
+        check_worker_settings(ex, info.path, settings)  # same settings: fine
+        with pytest.raises(ConfigError, match=r"TMEM_LLM_BUILD_MODEL='gpt-4.1'.*TMEM_SEGMENT_WINDOW='8'"):
+            check_worker_settings(ex, info.path, load_settings(store=store, llm_model="gpt-4.1", segment_window=8))
+    finally:
+        ex.close()
+    with pytest.raises(StoreError, match="no build exchange"):
+        open_exchange(exchange_path(store, "never-exported"))
+
+
+def test_write_journal_is_one_transaction(store: Path) -> None:
+    con = connect(store)
+    try:
+        write_journal(con, JournalBatch(
+            cache_entries=(entry("k3", answer='{"a": 1}'), entry("k3", answer='{"a": 3}')),  # two workers, one key
+            usage=(usage(), usage()),
+            embeddings=(EmbeddingEntry("all-MiniLM-L6-v2", "h1", vec(9, 9)), EmbeddingEntry("e", "h3", vec(5, 6))),
+        ))
+        assert con.execute("SELECT response FROM llm_cache WHERE cache_key = 'k3'").fetchall() == [('{"a": 3}',)]
+        assert con.execute("SELECT count(*) FROM llm_usage WHERE run_id = 'r1'").fetchone() == (2,)
+        assert con.execute(
+            "SELECT vector FROM embedding_cache WHERE text_hash = 'h1'").fetchone() == ([1.0, 2.0],)  # existing kept
+        before = con.execute("SELECT count(*) FROM llm_cache").fetchone()
+
+        broken = UsageRecord("r2", None, "m1", 1, 1, 1.0, False, 1, NOW)  # type: ignore[arg-type]
+        with pytest.raises(StoreError, match="nothing was written"):
+            write_journal(con, JournalBatch(cache_entries=(entry("k4"),), usage=(broken,)))
+        assert con.execute("SELECT count(*) FROM llm_cache").fetchone() == before
+        assert con.execute("SELECT count(*) FROM llm_usage WHERE run_id = 'r2'").fetchone() == (0,)
+    finally:
+        con.close()
+
+
+# ---- settings: task runner, Lance location ------------------------------------------------
+
+
+def test_task_runner_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.task_runners import ThreadPoolTaskRunner
+    from prefect_dask import DaskTaskRunner
+
+    from tasks.scaleout import ConfiguredTaskRunner, task_runner_for
+
+    threads = task_runner_for(load_settings())
+    assert isinstance(threads, ThreadPoolTaskRunner) and threads._max_workers == 16
+    remote = task_runner_for(load_settings(task_runner="dask", dask_address="tcp://10.0.0.5:8786"))
+    assert isinstance(remote, DaskTaskRunner) and remote.address == "tcp://10.0.0.5:8786"
+    local = task_runner_for(load_settings(task_runner="dask", dask_workers=3), api_url="http://127.0.0.1:4200/api")
+    assert isinstance(local, DaskTaskRunner) and local.address is None
+    assert local.cluster_kwargs["n_workers"] == 3 and local.cluster_kwargs["processes"] is True
+    assert local.cluster_kwargs["env"] == {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}  # workers report there
+    with pytest.raises(ConfigError, match="TMEM_LLM_BATCH=on is not supported"):  # workers keep no batch journal
+        task_runner_for(load_settings(task_runner="dask", llm_batch="on"))
+    assert isinstance(task_runner_for(load_settings(llm_batch="on")), ThreadPoolTaskRunner)
+
+    # What Prefect enters when a flow run starts: the settings of that moment.
+    assert isinstance(ConfiguredTaskRunner().duplicate(), ThreadPoolTaskRunner)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("TMEM_TASK_RUNNER", "dask")
+    monkeypatch.setenv("TMEM_DASK_ADDRESS", "tcp://10.0.0.5:8786")
+    with pytest.raises(ConfigError, match="PREFECT_API_URL"):  # remote workers cannot reach a temporary server
+        ConfiguredTaskRunner().duplicate()
+    monkeypatch.setenv("TMEM_TASK_RUNNER", "ray")
+    with pytest.raises(ValueError, match="task_runner"):
+        ConfiguredTaskRunner().duplicate()
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/tmem/lance", "gs://bucket/lance", "az://container/lance",
+                                 "memory://tmem/lance"])
+def test_object_store_lance_uris_are_used_verbatim(tmp_path: Path, uri: str) -> None:
+    settings = load_settings(store=tmp_path, lance_uri=uri)
+    assert lance_uri(settings) == uri and is_object_uri(uri)
+    assert pinned_lance_uri(uri) == uri  # what a snapshot manifest records
+
+
+def test_local_lance_paths_are_pinned_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert lance_uri(load_settings(store=Path("s"))) == str(Path("s") / "lance")
+    assert pinned_lance_uri("s/lance") == str(tmp_path / "s" / "lance") and not is_object_uri("s/lance")
+
+
+def test_vector_store_on_an_in_memory_lance_uri(tmp_path: Path) -> None:
+    store = VectorStore("memory://tmem-test/lance", dim=2)
+    rows = [VectorRow("c1", "item", "i1", "content", 0, "hello", vec(1, 0))]
+    version = store.replace_conversations("vectors", {"c1": rows})
+    loaded = store.load_conversation("vectors", "c1", version=version)
+    assert loaded.to_polars()["text"].to_list() == ["hello"]
+    assert not (tmp_path / "memory:").exists() and not Path("memory:").exists()  # nothing on disk
