@@ -28,10 +28,8 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,26 +41,13 @@ from tmem.store.memory_image import diff_images, memory_image
 from tmem.store.snapshot import current_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bench.benchstats import loadavg  # noqa: E402
+from bench.construction import run_cli  # noqa: E402
+
 DEFAULT_LOCOMO = REPO.parent / "shared" / "datasets" / "locomo" / "locomo10.json"
 DEFAULT_OUT = REPO / "bench" / "results" / "dask_vs_threads.json"
 RUNNERS = ("threads", "dask")
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def run_cli(args: list[str], env: dict[str, str], timeout_s: float, log: Path) -> tuple[dict[str, Any], float]:
-    started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "tmem", *args, "--json"], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout_s, check=False)
-    seconds = time.perf_counter() - started
-    log.write_text(proc.stderr, encoding="utf-8")
-    try:
-        out: dict[str, Any] = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        raise SystemExit(f"`tmem {' '.join(args)}` exited {proc.returncode}\n{proc.stderr[-4000:]}") from None
-    return out, seconds
 
 
 def forget_caches(store: Path) -> None:
