@@ -25,12 +25,14 @@ from tmem.store.conversation_image import (
     IMAGE_FORMAT,
     IMAGE_TABLE,
     MANIFEST_KEY,
+    ImageLocation,
     decode_image,
     image_location,
     image_sql,
     read_image,
     write_conversation_images,
 )
+from tmem.store.image_vectors import lance_source
 from tmem.store.snapshot import MANIFEST, SnapshotInfo, current_snapshot
 from tmem.store.snapshot_reader import SnapshotReader
 
@@ -229,7 +231,7 @@ def test_a_reader_keeps_reading_a_snapshot_pruned_under_it(published: tuple[Path
     assert reader.read_conversation(CRAFTED_IDS[0]) == first
 
 
-def _location(info: SnapshotInfo, cid: str) -> tuple[int, int, int]:
+def _location(info: SnapshotInfo, cid: str) -> ImageLocation:
     con = duckdb.connect(str(info.memory_db), read_only=True)
     try:
         where = image_location(con, cid)
@@ -242,11 +244,12 @@ def _location(info: SnapshotInfo, cid: str) -> tuple[int, int, int]:
 def test_a_publish_copies_unchanged_images_and_recomputes_changed_ones(
     published: tuple[Path, SnapshotInfo], tmp_path: Path
 ) -> None:
-    """Images are keyed by what they derive from (build, turns, conversation row): a republish after
-    one conversation was rebuilt and another gained a turn copies every other image from the last
-    snapshot, and the result equals images computed from scratch."""
+    """Images are keyed by what they derive from (build, turns, conversation row, Lance rows): a
+    republish after one conversation was rebuilt and another gained a turn copies every other image
+    from the last snapshot, and the result equals images computed from scratch."""
     store, _ = published
     info = _copy_store(store, tmp_path / "store")
+    vectors = lance_source(info.lance_uri, info.lance_versions)
     rebuilt, grown = CRAFTED_IDS[0], CRAFTED_IDS[3]
     previous = tmp_path / "previous"
     shutil.copytree(info.path, previous)
@@ -262,11 +265,11 @@ def test_a_publish_copies_unchanged_images_and_recomputes_changed_ones(
         incremental, fresh = tmp_path / "incremental", tmp_path / "fresh"
         incremental.mkdir()
         fresh.mkdir()
-        assert write_conversation_images(con, "main", incremental, batch=3, previous=previous) == (
+        assert write_conversation_images(con, "main", incremental, batch=3, previous=previous, vectors=vectors) == (
             len(CRAFTED_IDS), len(CRAFTED_IDS) - 2)
         copied = {cid: read_image(con, incremental, cid) for cid in CRAFTED_IDS}
         con.execute(f"DROP TABLE {IMAGE_TABLE}")
-        assert write_conversation_images(con, "main", fresh, previous=None) == (len(CRAFTED_IDS), 0)
+        assert write_conversation_images(con, "main", fresh, previous=None, vectors=vectors) == (len(CRAFTED_IDS), 0)
         assert {cid: read_image(con, fresh, cid) for cid in CRAFTED_IDS} == copied
     finally:
         con.close()

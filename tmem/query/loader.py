@@ -1,9 +1,10 @@
 """Published snapshot → :class:`~tmem.retrieval.index.ConversationIndex`, loaded once and cached.
 
 A cold load reads one conversation's memory and turns from the snapshot's DuckDB file
-(read-only, ``?`` parameters), its vector rows from LanceDB at the version the snapshot pins
-(typed scope filter), and builds the numpy/BM25 index. Later queries of the same conversation
-in the same snapshot reuse the index: a warm search is numpy only.
+(read-only, ``?`` parameters), its vector rows from the image's vector section (or, for older
+snapshots, LanceDB at the version the snapshot pins, typed scope filter), and builds the
+numpy/BM25 index. Later queries of the same conversation in the same snapshot reuse the index: a
+warm search is numpy only.
 
 The cache is a bounded LRU keyed by ``(snapshot_id, conversation_id, with_vectors)``. It is
 thread-safe, and concurrent first queries of one conversation share a single load instead of
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from tmem.errors import ScopeError
 from tmem.retrieval.index import ConversationIndex, VectorBundle, build_index
+from tmem.store.image_vectors import VectorSection
 from tmem.store.snapshot_reader import SnapshotReader
 
 CacheKey = tuple[str, str, bool]  # (snapshot id, conversation id, vectors loaded)
@@ -32,7 +34,7 @@ class LoadTiming:
     snapshot_id: str
     conversation_id: str
     read_memory_s: float  # memory + turns: the snapshot image (point read + pread + decode), else the DuckDB tables
-    read_vectors_s: float  # LanceDB at the pinned version (0 when vectors were not asked for)
+    read_vectors_s: float  # the image's vector section, else LanceDB at the pinned version (0: not asked for)
     build_index_s: float  # arrays, CSR links, BM25 corpus
     vector_rows: int
 
@@ -41,17 +43,10 @@ class LoadTiming:
         return self.read_memory_s + self.read_vectors_s + self.build_index_s
 
 
-def _vector_bundle(reader: SnapshotReader, conversation_id: str) -> VectorBundle:
-    rows = reader.read_vectors(conversation_id)
+def _vector_bundle(rows: VectorSection | None) -> VectorBundle:
     if rows is None or len(rows) == 0:
         return VectorBundle.empty()
-    return VectorBundle.from_columns(
-        rows.meta.column("owner_kind").to_pylist(),
-        rows.meta.column("owner_id").to_pylist(),
-        rows.meta.column("view").to_pylist(),
-        rows.meta.column("ordinal").to_numpy(),
-        rows.vectors,
-    )
+    return VectorBundle.from_columns(rows.owner_kinds, rows.owner_ids, rows.views, rows.ordinals, rows.vectors)
 
 
 def load_index(reader: SnapshotReader, conversation_id: str, *, vectors: bool = True) -> tuple[ConversationIndex, LoadTiming]:
@@ -59,10 +54,10 @@ def load_index(reader: SnapshotReader, conversation_id: str, *, vectors: bool = 
     skips LanceDB (a lexical-only index). :class:`ScopeError` for a conversation it lacks."""
     if not isinstance(conversation_id, str) or not conversation_id:
         raise ScopeError(f"loading an index needs a conversation id, got {conversation_id!r}")
+    cold = reader.read_cold(conversation_id, vectors=vectors)
+    memory, turns = cold.memory, cold.turns
     started = time.perf_counter()
-    memory, turns = reader.read_conversation(conversation_id)
-    read_memory_done = time.perf_counter()
-    bundle = _vector_bundle(reader, conversation_id) if vectors else VectorBundle.empty()
+    bundle = _vector_bundle(cold.vectors)
     read_vectors_done = time.perf_counter()
     index = build_index(
         conversation_id,
@@ -79,8 +74,8 @@ def load_index(reader: SnapshotReader, conversation_id: str, *, vectors: bool = 
     timing = LoadTiming(
         snapshot_id=reader.info.snapshot_id,
         conversation_id=conversation_id,
-        read_memory_s=read_memory_done - started,
-        read_vectors_s=read_vectors_done - read_memory_done,
+        read_memory_s=cold.read_memory_s,
+        read_vectors_s=cold.read_vectors_s + read_vectors_done - started,
         build_index_s=done - read_vectors_done,
         vector_rows=sum(len(v.owner_ids) for v in bundle.views.values()),
     )

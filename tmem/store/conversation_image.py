@@ -28,7 +28,7 @@ import os
 import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 import pyarrow as pa
@@ -36,11 +36,13 @@ import pyarrow as pa
 from tmem.domain import Memory, Turn
 from tmem.errors import StoreError
 from tmem.store.conversations import turns_from_rows
+from tmem.store.image_vectors import VectorSource, encode_section
 from tmem.store.memory_rows import Rows, memory_from_rows
 
 IMAGE_TABLE = "conversation_images"
 IMAGE_FILE = "conversation_images.bin"
-IMAGE_FORMAT = 1
+IMAGE_FORMAT = 2  # written now: 1 plus an optional vector section (image_vectors.py)
+READABLE_FORMATS = frozenset({1, 2})
 MANIFEST_KEY = "conversation_image_format"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -122,25 +124,25 @@ def _source_keys(con: duckdb.DuckDBPyConnection, schema: str) -> dict[str, str]:
     return {str(r[0]): str(r[1]) for r in rows}
 
 
-def _previous_images(previous: Path | None) -> dict[str, tuple[str, int, int]]:
-    """``conversation_id -> (source_key, offset, length)`` of a published snapshot's images of the
-    current format; empty when there is none or it predates source keys."""
+def _previous_images(previous: Path | None) -> dict[str, tuple[str, int, int, int]]:
+    """``conversation_id -> (source_key, offset, length, vector bytes)`` of a published snapshot's
+    images of the current format; empty when there is none or it predates source keys."""
     if previous is None or not (previous / IMAGE_FILE).is_file():
         return {}
     prev = duckdb.connect(str(previous / "memory.duckdb"), read_only=True)
     try:
         columns = {r[0] for r in prev.execute(f"DESCRIBE {IMAGE_TABLE}").fetchall()}
-        if "source_key" not in columns:
+        if "source_key" not in columns or "vector_bytes" not in columns:
             return {}
         rows = prev.execute(
-            f"SELECT conversation_id, source_key, byte_offset, byte_length FROM {IMAGE_TABLE} "  # noqa: S608
+            f"SELECT conversation_id, source_key, byte_offset, byte_length, vector_bytes FROM {IMAGE_TABLE} "  # noqa: S608
             f"WHERE format = {IMAGE_FORMAT}"
         ).fetchall()
     except duckdb.Error:
         return {}
     finally:
         prev.close()
-    return {str(r[0]): (str(r[1]), int(r[2]), int(r[3])) for r in rows}
+    return {str(r[0]): (str(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows}
 
 
 def _runs(ids: list[str], todo: set[str], batch: int) -> list[list[str]]:
@@ -162,42 +164,51 @@ def _runs(ids: list[str], todo: set[str], batch: int) -> list[list[str]]:
 
 def write_conversation_images(
     con: duckdb.DuckDBPyConnection, schema: str, directory: Path, batch: int = IMAGE_BATCH,
-    previous: Path | None = None,
+    previous: Path | None = None, vectors: VectorSource | None = None,
 ) -> tuple[int, int]:
     """Write ``directory/conversation_images.bin`` and its table ``<schema>.conversation_images`` from
-    that schema's tables, ``batch`` conversations per statement. Images whose source key equals the
-    one in the ``previous`` snapshot directory are copied from it instead of recomputed. Returns
-    ``(images written, images copied)``."""
+    that schema's tables, ``batch`` conversations per statement; with ``vectors``, each image is
+    followed by the conversation's vector section. Images whose source key equals the one in the
+    ``previous`` snapshot directory are copied from it instead of recomputed. Returns ``(images
+    written, images copied)``."""
     select = image_sql(schema)
     keys = _source_keys(con, schema)
+    if vectors is not None:
+        vector_keys = vectors.keys()
+        keys = {cid: f"{key}|vectors:{vector_keys.get(cid, f'{vectors.table}|{vectors.dim}|none')}"
+                for cid, key in keys.items()}
     ids = sorted(keys)
     old = _previous_images(previous)
     reuse = {cid for cid in ids if cid in old and old[cid][0] == keys[cid]}
     computed: dict[str, tuple[int, str]] = {}
-    placed: dict[str, tuple[int, int, int]] = {}
+    sections: dict[str, bytes] = {}
+    placed: dict[str, tuple[int, int, int, int]] = {}
     prev_fd = open_image_file(previous) if reuse and previous is not None else None
     try:
         with open(Path(directory) / IMAGE_FILE, "wb") as out:
 
-            def put(cid: str, fmt: int, data: bytes) -> None:
-                placed[cid] = (fmt, out.tell(), len(data))
+            def put(cid: str, fmt: int, data: bytes, vector_bytes: int) -> None:
+                placed[cid] = (fmt, out.tell(), len(data) - vector_bytes, vector_bytes)
                 out.write(data)
 
             runs = iter(_runs(ids, set(ids) - reuse, batch))
             for cid in ids:
                 if cid in reuse and prev_fd is not None:
-                    _, offset, length = old[cid]
-                    data = os.pread(prev_fd, length, offset)
-                    if len(data) != length:
+                    _, offset, length, vector_bytes = old[cid]
+                    data = os.pread(prev_fd, length + vector_bytes, offset)
+                    if len(data) != length + vector_bytes:
                         raise StoreError(f"{previous}/{IMAGE_FILE}: image of {cid!r} is cut short")
-                    put(cid, IMAGE_FORMAT, data)
+                    put(cid, IMAGE_FORMAT, data, vector_bytes)
                     continue
                 if cid not in computed:
                     chunk = next(runs)
                     for row_id, fmt, image in con.execute(select, [chunk[0], chunk[-1]]).fetchall():
                         computed[row_id] = (int(fmt), str(image))
+                    if vectors is not None:
+                        sections = {c: encode_section(v) for c, v in vectors.load(chunk).items()}
                 fmt, image = computed.pop(cid)
-                put(cid, fmt, zlib.compress(image.encode("utf-8"), 1))
+                section = sections.pop(cid, b"")
+                put(cid, fmt, zlib.compress(image.encode("utf-8"), 1) + section, len(section))
             out.flush()
             os.fsync(out.fileno())
     finally:
@@ -208,11 +219,13 @@ def write_conversation_images(
         "format": pa.array([placed[c][0] for c in ids], pa.int32()),
         "byte_offset": pa.array([placed[c][1] for c in ids], pa.int64()),
         "byte_length": pa.array([placed[c][2] for c in ids], pa.int64()),
+        "vector_bytes": pa.array([placed[c][3] for c in ids], pa.int64()),
         "source_key": pa.array([keys[c] for c in ids], pa.string()),
     })
     con.execute(
         f"CREATE TABLE {schema}.{IMAGE_TABLE} (conversation_id VARCHAR NOT NULL, format INTEGER NOT NULL, "
-        "byte_offset BIGINT NOT NULL, byte_length BIGINT NOT NULL, source_key VARCHAR NOT NULL)"
+        "byte_offset BIGINT NOT NULL, byte_length BIGINT NOT NULL, vector_bytes BIGINT NOT NULL, "
+        "source_key VARCHAR NOT NULL)"
     )
     con.register("tmem_image_index", index)
     try:
@@ -224,25 +237,64 @@ def write_conversation_images(
     return len(ids), len(reuse)
 
 
-def image_location(con: duckdb.DuckDBPyConnection, conversation_id: str) -> tuple[int, int, int] | None:
-    """``(format, byte_offset, byte_length)`` of one conversation's image, or ``None`` if it has none."""
+class ImageLocation(NamedTuple):
+    """Where one conversation's image lies in the image file; its vector section (format 2, when
+    the publish wrote one) follows the document directly."""
+
+    format: int
+    byte_offset: int
+    byte_length: int
+    vector_bytes: int
+
+
+def image_location(
+    con: duckdb.DuckDBPyConnection, conversation_id: str, *, vector_column: bool | None = None
+) -> ImageLocation | None:
+    """Where one conversation's image is, or ``None`` if it has none. Tables of format 1 have no
+    vector column (``vector_column``: whether this one has; looked up when ``None``)."""
+    if vector_column is None:
+        vector_column = _has_vector_column(con)
+    columns = "format, byte_offset, byte_length, " + ("vector_bytes" if vector_column else "0")
     row = con.execute(
-        f"SELECT format, byte_offset, byte_length FROM {IMAGE_TABLE} WHERE conversation_id = ?",  # noqa: S608
+        f"SELECT {columns} FROM {IMAGE_TABLE} WHERE conversation_id = ?",  # noqa: S608
         [conversation_id],
     ).fetchone()
-    return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
+    return None if row is None else ImageLocation(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
+
+
+def image_locations(con: duckdb.DuckDBPyConnection, *, vector_column: bool | None = None) -> dict[str, ImageLocation]:
+    """Every conversation's image location, by conversation id (the reader keeps this in memory)."""
+    if vector_column is None:
+        vector_column = _has_vector_column(con)
+    columns = "format, byte_offset, byte_length, " + ("vector_bytes" if vector_column else "0")
+    rows = con.execute(f"SELECT conversation_id, {columns} FROM {IMAGE_TABLE}").fetchall()  # noqa: S608
+    return {str(r[0]): ImageLocation(int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows}
+
+
+def _has_vector_column(con: duckdb.DuckDBPyConnection) -> bool:
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
+        "AND table_name = ? AND column_name = 'vector_bytes'", [IMAGE_TABLE],
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def read_image_at(fd: int, source: str, conversation_id: str, offset: int, length: int) -> str:
     """The document stored at ``offset`` in the open image file ``fd`` (``source`` names it in
     errors). :class:`StoreError` when it is cut short or corrupt."""
-    data = os.pread(fd, length, offset)
-    if len(data) != length:
-        raise StoreError(f"{source}: image of {conversation_id!r} is cut short ({len(data)} of {length} bytes)")
+    data = read_bytes_at(fd, source, conversation_id, offset, length)
     try:
         return zlib.decompress(data).decode("utf-8")
     except (zlib.error, UnicodeDecodeError) as exc:
         raise StoreError(f"{source}: image of {conversation_id!r} is corrupt ({exc})") from exc
+
+
+def read_bytes_at(fd: int, source: str, conversation_id: str, offset: int, length: int) -> bytes:
+    """``length`` bytes of the image file at ``offset``; :class:`StoreError` when cut short."""
+    data = os.pread(fd, length, offset)
+    if len(data) != length:
+        raise StoreError(f"{source}: image of {conversation_id!r} is cut short ({len(data)} of {length} bytes)")
+    return data
 
 
 def open_image_file(directory: Path) -> int:
@@ -279,10 +331,11 @@ def _with_times(rows: list[list[Any]], *columns: int) -> list[list[Any]]:
 
 
 def decode_image(conversation_id: str, fmt: int, image: str, *, source: str = "image") -> tuple[Memory, tuple[Turn, ...]]:
-    """The memory and turns an image holds. :class:`StoreError` (naming ``source``) for an image of
-    another format or another conversation, or a document that is not an image."""
-    if fmt != IMAGE_FORMAT:
-        raise StoreError(f"{source}: image of {conversation_id!r} has format {fmt}, this reader knows {IMAGE_FORMAT}")
+    """The memory and turns an image's document holds. :class:`StoreError` (naming ``source``) for an
+    image of an unknown format or another conversation, or a document that is not an image."""
+    if fmt not in READABLE_FORMATS:
+        raise StoreError(f"{source}: image of {conversation_id!r} has format {fmt}, this reader knows "
+                         f"{sorted(READABLE_FORMATS)}")
     try:
         doc = json.loads(image)
     except ValueError as exc:

@@ -6,7 +6,8 @@ Layout under the store directory::
     lance/                      LanceDB tables (every write is a new table version)
     snapshots/<id>/memory.duckdb  memory tables + turns of every published conversation, and
                                   the index of the derived per-conversation images
-    snapshots/<id>/conversation_images.bin  those images (conversation_image.py)
+    snapshots/<id>/conversation_images.bin  those images, each with its pinned vector rows
+                                  (conversation_image.py, image_vectors.py)
     snapshots/<id>/manifest.json  id, time, pinned Lance table versions, conversations
     CURRENT                     the id of the snapshot readers use (replaced atomically)
 
@@ -31,6 +32,7 @@ from tmem.errors import StoreError
 from tmem.ids import content_hash
 from tmem.store.conversation_image import IMAGE_FORMAT, write_conversation_images
 from tmem.store.conversation_image import MANIFEST_KEY as IMAGE_MANIFEST_KEY
+from tmem.store.image_vectors import lance_source
 from tmem.store.migrations import MEMORY_TABLES
 
 SNAPSHOTS = "snapshots"
@@ -94,8 +96,10 @@ def publish_snapshot(
             # working database a rebuilt conversation's rows land at the end, scattered over time:
             # copied as they are, every scoped read scans the whole table (bench/query.py --part scale).
             con.execute(f"CREATE TABLE snap.{name} AS SELECT * FROM main.{name} ORDER BY conversation_id")  # noqa: S608 -- fixed names
-        # Derived from the tables just written: a cold query load reads one row instead of nine queries.
-        write_conversation_images(con, "snap", tmp, previous=_previous_with_images(store))
+        # Derived from the tables just written and the pinned vectors: a cold query load reads one row
+        # and one byte range instead of nine queries and a Lance scan.
+        write_conversation_images(con, "snap", tmp, previous=_previous_with_images(store),
+                                  vectors=lance_source(_local_uri(lance_uri, store), lance_versions))
     finally:
         con.execute("DETACH snap")
     manifest: dict[str, Any] = {
@@ -117,6 +121,13 @@ def publish_snapshot(
     os.replace(pointer_tmp, store / CURRENT)
     _fsync_dir(store)
     return _info(final, manifest)
+
+
+def _local_uri(uri: str, store: Path) -> str:
+    """A relative Lance path as readers resolve it (relative to the store when it exists there)."""
+    if "://" in uri or Path(uri).is_absolute() or not (Path(store) / uri).exists():
+        return uri
+    return str(Path(store) / uri)
 
 
 def _previous_with_images(store: Path) -> Path | None:

@@ -7,6 +7,10 @@ conversation with ``?`` parameters; vector rows come from LanceDB at the version
 pins, through the typed scope filter of :class:`~tmem.store.lance.VectorStore`. The vector
 width is read from the Lance table's schema, so the store describes itself.
 
+Snapshots published with vector sections in their images (format 2) serve a cold load's vectors
+from the image (:meth:`SnapshotReader.read_vector_rows`); LanceDB stays the system of record and
+the fallback for older snapshots.
+
 Opening the DuckDB file costs ~15-25 ms and LanceDB ~1.5 s to import, so both happen on first
 use only; a lexical-only reader never imports LanceDB.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,18 +33,32 @@ from tmem.domain import Memory, Turn
 from tmem.errors import ScopeError, StoreError
 from tmem.store.conversation_image import (
     IMAGE_FILE,
-    IMAGE_FORMAT,
+    READABLE_FORMATS,
+    ImageLocation,
     decode_image,
-    image_location,
+    image_locations,
     open_image_file,
+    read_bytes_at,
     read_image_at,
 )
 from tmem.store.conversations import load_turns
+from tmem.store.image_vectors import QUERY_VECTOR_TABLE, VectorSection, decode_section
 from tmem.store.memory_rows import read_memory
 from tmem.store.snapshot import SnapshotInfo
 
 if TYPE_CHECKING:
     from tmem.store.lance import ConversationVectors, VectorStore
+
+
+@dataclass(frozen=True)
+class ColdRead:
+    """What :meth:`SnapshotReader.read_cold` read, with how long the two parts took (seconds)."""
+
+    memory: Memory
+    turns: tuple[Turn, ...]
+    vectors: VectorSection | None  # None: not asked for, or the snapshot pins no vector table
+    read_memory_s: float
+    read_vectors_s: float
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,7 @@ class SnapshotReader:
         self._lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = None
         self._image_fd: int | None = None  # conversation_images.bin, open while _con is
+        self._locations: dict[str, ImageLocation] | None = None  # the image index, read once (immutable)
         self._vectors: VectorStore | None = None
         self._vectors_resolved = False
         self._inflight = 0
@@ -82,22 +102,46 @@ class SnapshotReader:
 
     # ---- DuckDB ----------------------------------------------------------------------------
 
+    def _open_locked(self) -> duckdb.DuckDBPyConnection:
+        """The open connection (opened with the image file now if closed); call with the lock held."""
+        if self._con is None:
+            path = self.info.memory_db
+            if not path.is_file():
+                raise StoreError(f"snapshot {self.info.snapshot_id!r}: {path} is missing (pruned while in use?)")
+            image_fd = open_image_file(self.info.path) if self.uses_images else None
+            try:
+                self._con = duckdb.connect(str(path), read_only=True)
+            except duckdb.Error as exc:
+                if image_fd is not None:
+                    os.close(image_fd)
+                raise StoreError(f"snapshot {self.info.snapshot_id!r}: cannot open {path} read-only ({exc})") from exc
+            self._image_fd = image_fd
+        return self._con
+
+    def _release(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+            idle = self._retired and self._inflight == 0
+        if idle:
+            self._close_connection()
+
+    @contextmanager
+    def _image_file(self) -> Iterator[int]:
+        """The open image file descriptor, kept open while the block runs (no DuckDB cursor)."""
+        with self._lock:
+            self._open_locked()
+            assert self._image_fd is not None  # opened with the connection when the snapshot has images
+            fd = self._image_fd
+            self._inflight += 1
+        try:
+            yield fd
+        finally:
+            self._release()
+
     @contextmanager
     def _cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
         with self._lock:
-            if self._con is None:
-                path = self.info.memory_db
-                if not path.is_file():
-                    raise StoreError(f"snapshot {self.info.snapshot_id!r}: {path} is missing (pruned while in use?)")
-                image_fd = open_image_file(self.info.path) if self.uses_images else None
-                try:
-                    self._con = duckdb.connect(str(path), read_only=True)
-                except duckdb.Error as exc:
-                    if image_fd is not None:
-                        os.close(image_fd)
-                    raise StoreError(f"snapshot {self.info.snapshot_id!r}: cannot open {path} read-only ({exc})") from exc
-                self._image_fd = image_fd
-            cursor = self._con.cursor()
+            cursor = self._open_locked().cursor()
             self._inflight += 1
         try:
             cursor.execute("SET TimeZone = 'UTC'")
@@ -106,17 +150,17 @@ class SnapshotReader:
             raise StoreError(f"snapshot {self.info.snapshot_id!r}: read failed ({exc})") from exc
         finally:
             cursor.close()
-            with self._lock:
-                self._inflight -= 1
-                idle = self._retired and self._inflight == 0
-            if idle:
-                self._close_connection()
+            self._release()
 
     @property
     def uses_images(self) -> bool:
         """Whether cold reads use the snapshot's per-conversation images (a format this reader
         knows); otherwise they query the memory tables and turns."""
-        return self.info.image_format == IMAGE_FORMAT
+        return self.info.image_format in READABLE_FORMATS
+
+    @property
+    def _vector_column(self) -> bool:
+        return (self.info.image_format or 0) >= 2
 
     def read_conversation(self, conversation_id: str, *, from_tables: bool = False) -> tuple[Memory, tuple[Turn, ...]]:
         """The memory and turns of one conversation. :class:`ScopeError` when the snapshot holds
@@ -128,13 +172,51 @@ class SnapshotReader:
         with self._cursor() as cursor:
             if from_tables or not self.uses_images:
                 return read_memory(cursor, conversation_id), load_turns(cursor, conversation_id)
-            where = image_location(cursor, conversation_id)
-            source = f"snapshot {self.info.snapshot_id!r} ({self.info.path / IMAGE_FILE})"
-            if where is None:
-                raise StoreError(f"{source}: the manifest lists {conversation_id!r} but its image row is missing")
-            assert self._image_fd is not None  # opened with the connection, closed only when idle
-            document = read_image_at(self._image_fd, source, conversation_id, where[1], where[2])
-        return decode_image(conversation_id, where[0], document, source=source)
+        where = self._locate(conversation_id)
+        with self._image_file() as fd:
+            document = read_image_at(fd, self._image_source, conversation_id, where.byte_offset, where.byte_length)
+        return decode_image(conversation_id, where.format, document, source=self._image_source)
+
+    def read_cold(self, conversation_id: str, *, vectors: bool = True) -> ColdRead:
+        """Everything a cold index load reads: memory, turns and (with ``vectors``) the vector rows,
+        with one image lookup when the image carries a vector section; otherwise
+        :meth:`read_conversation` and :meth:`read_vector_rows` (LanceDB)."""
+        started = time.perf_counter()
+        if not (vectors and self._vector_column and self.vector_table == QUERY_VECTOR_TABLE):
+            memory, turns = self.read_conversation(conversation_id)
+            memory_done = time.perf_counter()
+            rows = self.read_vector_rows(conversation_id) if vectors else None
+            return ColdRead(memory, turns, rows, memory_done - started, time.perf_counter() - memory_done)
+        self._check_scope(conversation_id)
+        where = self._locate(conversation_id)
+        source = self._image_source
+        with self._image_file() as fd:
+            document = read_image_at(fd, source, conversation_id, where.byte_offset, where.byte_length)
+            memory, turns = decode_image(conversation_id, where.format, document, source=source)
+            memory_done = time.perf_counter()
+            if where.vector_bytes > 0:
+                data = read_bytes_at(fd, source, conversation_id, where.byte_offset + where.byte_length, where.vector_bytes)
+                rows = decode_section(data, conversation_id, self.vector_table, source=source)
+        if where.vector_bytes == 0:  # published without a vector section: LanceDB
+            rows = self.read_vector_rows(conversation_id, from_lance=True)
+        return ColdRead(memory, turns, rows, memory_done - started, time.perf_counter() - memory_done)
+
+    @property
+    def _image_source(self) -> str:
+        return f"snapshot {self.info.snapshot_id!r} ({self.info.path / IMAGE_FILE})"
+
+    def _locate(self, conversation_id: str) -> ImageLocation:
+        """Where the conversation's image is: the snapshot's image index is read once into a dict
+        (a few ms; a point query per cold load cost a cursor and a query), then looked up by id."""
+        locations = self._locations
+        if locations is None:
+            with self._cursor() as cursor:
+                locations = image_locations(cursor, vector_column=self._vector_column)
+            self._locations = locations
+        where = locations.get(conversation_id)
+        if where is None:
+            raise StoreError(f"{self._image_source}: the manifest lists {conversation_id!r} but its image row is missing")
+        return where
 
     def _check_scope(self, conversation_id: str) -> None:
         if not isinstance(conversation_id, str) or conversation_id not in self.info.conversations:
@@ -174,6 +256,28 @@ class SnapshotReader:
                     self._vectors = VectorStore(uri, dim) if dim is not None else None
                 self._vectors_resolved = True
             return self._vectors
+
+    def read_vector_rows(self, conversation_id: str, *, from_lance: bool = False) -> VectorSection | None:
+        """The conversation's query-side vector rows at the pinned version; ``None`` when the
+        snapshot pins no vector table. From the conversation's image when it has a vector section
+        (one ``pread``), else, or with ``from_lance``, from LanceDB; both give equal rows."""
+        self._check_scope(conversation_id)
+        if not from_lance and self._vector_column and self.vector_table == QUERY_VECTOR_TABLE:
+            where = self._locate(conversation_id)
+            if where.vector_bytes > 0:
+                with self._image_file() as fd:
+                    data = read_bytes_at(fd, self._image_source, conversation_id,
+                                         where.byte_offset + where.byte_length, where.vector_bytes)
+                return decode_section(data, conversation_id, self.vector_table, source=self._image_source)
+        rows = self.read_vectors(conversation_id)
+        if rows is None:
+            return None
+        meta = rows.meta
+        return VectorSection(
+            conversation_id, self.vector_table, tuple(meta.column("owner_kind").to_pylist()),
+            tuple(meta.column("owner_id").to_pylist()), tuple(meta.column("view").to_pylist()),
+            tuple(int(o) for o in meta.column("ordinal").to_pylist()), rows.vectors,
+        )
 
     def read_vectors(self, conversation_id: str) -> ConversationVectors | None:
         """The conversation's vector rows at the pinned version; ``None`` when the snapshot pins
