@@ -20,6 +20,7 @@ from tests.test_query_memory import CRAFTED_IDS, settings_for
 from tmem.errors import StoreError
 from tmem.query.loader import load_index
 from tmem.query.memory import Memory
+from tmem.retrieval.lexical import BM25Section
 from tmem.store.conversation_image import (
     IMAGE_FILE,
     IMAGE_FORMAT,
@@ -265,11 +266,11 @@ def test_a_publish_copies_unchanged_images_and_recomputes_changed_ones(
         incremental, fresh = tmp_path / "incremental", tmp_path / "fresh"
         incremental.mkdir()
         fresh.mkdir()
-        assert write_conversation_images(con, "main", incremental, batch=3, previous=previous, vectors=vectors) == (
+        assert write_conversation_images(con, "main", incremental, batch=3, previous=previous, vectors=vectors, lexical=BM25Section()) == (
             len(CRAFTED_IDS), len(CRAFTED_IDS) - 2)
         copied = {cid: read_image(con, incremental, cid) for cid in CRAFTED_IDS}
         con.execute(f"DROP TABLE {IMAGE_TABLE}")
-        assert write_conversation_images(con, "main", fresh, previous=None, vectors=vectors) == (len(CRAFTED_IDS), 0)
+        assert write_conversation_images(con, "main", fresh, previous=None, vectors=vectors, lexical=BM25Section()) == (len(CRAFTED_IDS), 0)
         assert {cid: read_image(con, fresh, cid) for cid in CRAFTED_IDS} == copied
     finally:
         con.close()

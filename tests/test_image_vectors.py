@@ -24,6 +24,7 @@ from tmem.errors import StoreError
 from tmem.query.loader import load_index
 from tmem.retrieval.cascade import search
 from tmem.retrieval.config import config_from_settings
+from tmem.retrieval.lexical import BM25Section
 from tmem.store.conversation_image import (
     IMAGE_FILE,
     IMAGE_TABLE,
@@ -207,13 +208,13 @@ def test_a_publish_reuses_images_only_while_their_lance_rows_are_unchanged(
         con.execute(f"DROP TABLE {IMAGE_TABLE}")
         out = tmp_path / "incremental"
         out.mkdir()
-        assert write_conversation_images(con, "main", out, batch=4, previous=previous, vectors=source) == (
+        assert write_conversation_images(con, "main", out, batch=4, previous=previous, vectors=source, lexical=BM25Section()) == (
             len(CRAFTED_IDS), len(CRAFTED_IDS) - 1)
         incremental = image_locations(con)
         con.execute(f"DROP TABLE {IMAGE_TABLE}")
         fresh = tmp_path / "fresh"
         fresh.mkdir()
-        assert write_conversation_images(con, "main", fresh, vectors=source) == (len(CRAFTED_IDS), 0)
+        assert write_conversation_images(con, "main", fresh, vectors=source, lexical=BM25Section()) == (len(CRAFTED_IDS), 0)
         assert image_locations(con) == incremental
         con.execute(f"DROP TABLE {IMAGE_TABLE}")
         lexical = tmp_path / "lexical"

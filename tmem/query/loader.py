@@ -35,7 +35,7 @@ class LoadTiming:
     conversation_id: str
     read_memory_s: float  # memory + turns: the snapshot image (point read + pread + decode), else the DuckDB tables
     read_vectors_s: float  # the image's vector section, else LanceDB at the pinned version (0: not asked for)
-    build_index_s: float  # arrays, CSR links, BM25 corpus
+    build_index_s: float  # arrays, CSR links, BM25 (deserialised when the image holds it prebuilt)
     vector_rows: int
 
     @property
@@ -69,6 +69,7 @@ def load_index(reader: SnapshotReader, conversation_id: str, *, vectors: bool = 
         memory.personas,
         turns,
         bundle,
+        bm25=cold.bm25,
     )
     done = time.perf_counter()
     timing = LoadTiming(
@@ -76,7 +77,7 @@ def load_index(reader: SnapshotReader, conversation_id: str, *, vectors: bool = 
         conversation_id=conversation_id,
         read_memory_s=cold.read_memory_s,
         read_vectors_s=cold.read_vectors_s + read_vectors_done - started,
-        build_index_s=done - read_vectors_done,
+        build_index_s=cold.read_bm25_s + done - read_vectors_done,
         vector_rows=sum(len(v.owner_ids) for v in bundle.views.values()),
     )
     return index, timing

@@ -22,7 +22,8 @@ import numpy.typing as npt
 
 from tmem.domain import HORIZON_CHANNELS, Item, ItemKind, ItemTriggers, Persona, Scene, SceneTriggers, Topic, Turn
 from tmem.errors import ScopeError, StoreError, TmemError
-from tmem.retrieval.scoring import build_bm25, l2_normalise, tokenize
+from tmem.retrieval.lexical import PrebuiltBM25, corpus_tokens, order_for_index
+from tmem.retrieval.scoring import build_bm25, l2_normalise
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -41,17 +42,6 @@ VIEW_KEYS: tuple[ViewKey, ...] = (
     ("item", "joint"),  # entity ‖ bridge ‖ rationale
 )
 MULTI_VIEWS: frozenset[ViewKey] = frozenset({("scene", "hor")})
-
-# Per-type weighted field concatenation for the shared BM25 corpus (DESIGN §3): a field of weight
-# w is repeated w times, which multiplies its term frequencies (and the document length) by w.
-TOPIC_TITLE_WEIGHT = 2  # the paper's topic summary: title ×2 ‖ keywords
-TOPIC_KEYWORDS_WEIGHT = 1
-SCENE_TITLE_WEIGHT = 3
-SCENE_SUMMARY_WEIGHT = 2
-SCENE_NARRATIVE_WEIGHT = 1
-ITEM_CONTENT_WEIGHT = 2
-ITEM_KEYWORDS_WEIGHT = 1
-
 
 class IndexConsistencyError(StoreError):
     """The objects or vectors handed to :func:`build_index` contradict each other."""
@@ -273,13 +263,6 @@ def _csr(groups: Sequence[Sequence[int]]) -> tuple[I64, I64]:
     return _frozen(indptr), _frozen(flat)
 
 
-def _weighted(*fields: tuple[str, int]) -> list[str]:
-    tokens: list[str] = []
-    for text, weight in fields:
-        tokens.extend(tokenize(text) * weight)
-    return tokens
-
-
 def _check_scope(conversation_id: str, kind: str, owners: Sequence[str]) -> None:
     stray = sorted(set(owners) - {conversation_id})
     if stray:
@@ -296,8 +279,10 @@ def build_index(
     personas: Sequence[Persona],
     turns: Sequence[Turn],
     vectors: VectorBundle,
+    bm25: PrebuiltBM25 | None = None,
 ) -> ConversationIndex:
     """Assemble the query-side index of one conversation (arrays, CSR links, BM25 corpus).
+    ``bm25``: the index's BM25 prebuilt at publish (:mod:`tmem.retrieval.lexical`), else built here.
 
     Raises :class:`IndexConsistencyError` when an object belongs to another conversation, a
     link names an unknown scene/turn, or a vector names an unknown owner or repeats one.
@@ -319,16 +304,12 @@ def build_index(
     ):
         if len(set(ids)) != len(ids):
             raise IndexConsistencyError(f"duplicate {kind} ids in conversation {conversation_id!r}")
-    scenes = sorted(scenes, key=lambda s: (s.seq, s.scene_id))
-    topics = sorted(topics, key=lambda t: (t.seq, t.topic_id))
+    scenes, topics, items = order_for_index(scenes, topics, items)
     scene_pos = {s.scene_id: i for i, s in enumerate(scenes)}
     for item in items:
         unknown = [sid for sid in item.source_scene_ids if sid not in scene_pos]
         if unknown:
             raise IndexConsistencyError(f"item {item.item_id!r} cites unknown scene(s) {unknown}")
-    items = sorted(
-        items, key=lambda it: (min((scene_pos[s] for s in it.source_scene_ids), default=len(scenes)), it.item_id)
-    )
     item_pos = {it.item_id: i for i, it in enumerate(items)}
     topic_pos = {t.topic_id: i for i, t in enumerate(topics)}
     for trig in item_triggers:
@@ -359,17 +340,6 @@ def build_index(
             scene_groups[scene_pos[sid]].append(i)
 
     dim = vectors.dim
-    corpus = [_weighted((t.title, TOPIC_TITLE_WEIGHT), (" ".join(t.keywords), TOPIC_KEYWORDS_WEIGHT)) for t in topics]
-    corpus += [
-        _weighted(
-            (s.title, SCENE_TITLE_WEIGHT), (s.summary, SCENE_SUMMARY_WEIGHT), (s.narrative, SCENE_NARRATIVE_WEIGHT)
-        )
-        for s in scenes
-    ]
-    corpus += [
-        _weighted((it.content, ITEM_CONTENT_WEIGHT), (" ".join(it.keywords), ITEM_KEYWORDS_WEIGHT)) for it in items
-    ]
-
     topic_indptr, topic_indices = _csr(topic_groups)
     item_indptr, item_indices = _csr(scene_groups)
     hor, hor_owner, hor_labels = _horizon_rows(vectors, scene_pos, scene_trig, dim)
@@ -414,7 +384,7 @@ def build_index(
             joint=_single_view(vectors, ("item", "joint"), item_pos, dim),
         ),
         personas=tuple(sorted(personas, key=lambda p: p.speaker)),
-        bm25=build_bm25(corpus),
+        bm25=bm25.retriever if bm25 is not None else build_bm25(corpus_tokens(topics, scenes, items)),
         scene_pos=scene_pos,
         item_pos=item_pos,
     )

@@ -28,7 +28,7 @@ import os
 import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import duckdb
 import pyarrow as pa
@@ -85,6 +85,15 @@ _PARTS: dict[str, tuple[str, str, str]] = {
 }
 
 
+class LexicalSection(Protocol):
+    """What a publish stores after the vectors: the prebuilt BM25 of a memory
+    (:mod:`tmem.retrieval.lexical`); ``recipe`` is part of the images' source keys."""
+
+    recipe: str
+
+    def encode(self, memory: Memory) -> bytes: ...
+
+
 # Conversations per INSERT: list aggregation keeps a batch's documents in memory (~1 MB per
 # conversation of the bench's synthetic shape); all 10,000 at once needed > 12 GB.
 IMAGE_BATCH = 256
@@ -124,25 +133,25 @@ def _source_keys(con: duckdb.DuckDBPyConnection, schema: str) -> dict[str, str]:
     return {str(r[0]): str(r[1]) for r in rows}
 
 
-def _previous_images(previous: Path | None) -> dict[str, tuple[str, int, int, int]]:
-    """``conversation_id -> (source_key, offset, length, vector bytes)`` of a published snapshot's
+def _previous_images(previous: Path | None) -> dict[str, tuple[str, int, int, int, int]]:
+    """``conversation_id -> (source_key, offset, length, vector bytes, lexical bytes)`` of a published snapshot's
     images of the current format; empty when there is none or it predates source keys."""
     if previous is None or not (previous / IMAGE_FILE).is_file():
         return {}
     prev = duckdb.connect(str(previous / "memory.duckdb"), read_only=True)
     try:
         columns = {r[0] for r in prev.execute(f"DESCRIBE {IMAGE_TABLE}").fetchall()}
-        if "source_key" not in columns or "vector_bytes" not in columns:
+        if not {"source_key", "vector_bytes", "lexical_bytes"} <= columns:
             return {}
         rows = prev.execute(
-            f"SELECT conversation_id, source_key, byte_offset, byte_length, vector_bytes FROM {IMAGE_TABLE} "  # noqa: S608
+            f"SELECT conversation_id, source_key, byte_offset, byte_length, vector_bytes, lexical_bytes FROM {IMAGE_TABLE} "  # noqa: S608
             f"WHERE format = {IMAGE_FORMAT}"
         ).fetchall()
     except duckdb.Error:
         return {}
     finally:
         prev.close()
-    return {str(r[0]): (str(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows}
+    return {str(r[0]): (str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5])) for r in rows}
 
 
 def _runs(ids: list[str], todo: set[str], batch: int) -> list[list[str]]:
@@ -164,7 +173,7 @@ def _runs(ids: list[str], todo: set[str], batch: int) -> list[list[str]]:
 
 def write_conversation_images(
     con: duckdb.DuckDBPyConnection, schema: str, directory: Path, batch: int = IMAGE_BATCH,
-    previous: Path | None = None, vectors: VectorSource | None = None,
+    previous: Path | None = None, vectors: VectorSource | None = None, lexical: LexicalSection | None = None,
 ) -> tuple[int, int]:
     """Write ``directory/conversation_images.bin`` and its table ``<schema>.conversation_images`` from
     that schema's tables, ``batch`` conversations per statement; with ``vectors``, each image is
@@ -177,28 +186,30 @@ def write_conversation_images(
         vector_keys = vectors.keys()
         keys = {cid: f"{key}|vectors:{vector_keys.get(cid, f'{vectors.table}|{vectors.dim}|none')}"
                 for cid, key in keys.items()}
+    if lexical is not None:
+        keys = {cid: f"{key}|lexical:{lexical.recipe}" for cid, key in keys.items()}
     ids = sorted(keys)
     old = _previous_images(previous)
     reuse = {cid for cid in ids if cid in old and old[cid][0] == keys[cid]}
     computed: dict[str, tuple[int, str]] = {}
     sections: dict[str, bytes] = {}
-    placed: dict[str, tuple[int, int, int, int]] = {}
+    placed: dict[str, tuple[int, int, int, int, int]] = {}
     prev_fd = open_image_file(previous) if reuse and previous is not None else None
     try:
         with open(Path(directory) / IMAGE_FILE, "wb") as out:
 
-            def put(cid: str, fmt: int, data: bytes, vector_bytes: int) -> None:
-                placed[cid] = (fmt, out.tell(), len(data) - vector_bytes, vector_bytes)
+            def put(cid: str, fmt: int, data: bytes, vector_bytes: int, lexical_bytes: int) -> None:
+                placed[cid] = (fmt, out.tell(), len(data) - vector_bytes - lexical_bytes, vector_bytes, lexical_bytes)
                 out.write(data)
 
             runs = iter(_runs(ids, set(ids) - reuse, batch))
             for cid in ids:
                 if cid in reuse and prev_fd is not None:
-                    _, offset, length, vector_bytes = old[cid]
-                    data = os.pread(prev_fd, length + vector_bytes, offset)
-                    if len(data) != length + vector_bytes:
+                    _, offset, length, vector_bytes, lexical_bytes = old[cid]
+                    data = os.pread(prev_fd, length + vector_bytes + lexical_bytes, offset)
+                    if len(data) != length + vector_bytes + lexical_bytes:
                         raise StoreError(f"{previous}/{IMAGE_FILE}: image of {cid!r} is cut short")
-                    put(cid, IMAGE_FORMAT, data, vector_bytes)
+                    put(cid, IMAGE_FORMAT, data, vector_bytes, lexical_bytes)
                     continue
                 if cid not in computed:
                     chunk = next(runs)
@@ -208,7 +219,8 @@ def write_conversation_images(
                         sections = {c: encode_section(v) for c, v in vectors.load(chunk).items()}
                 fmt, image = computed.pop(cid)
                 section = sections.pop(cid, b"")
-                put(cid, fmt, zlib.compress(image.encode("utf-8"), 1) + section, len(section))
+                lex = lexical.encode(decode_image(cid, fmt, image)[0]) if lexical is not None else b""
+                put(cid, fmt, zlib.compress(image.encode("utf-8"), 1) + section + lex, len(section), len(lex))
             out.flush()
             os.fsync(out.fileno())
     finally:
@@ -220,11 +232,13 @@ def write_conversation_images(
         "byte_offset": pa.array([placed[c][1] for c in ids], pa.int64()),
         "byte_length": pa.array([placed[c][2] for c in ids], pa.int64()),
         "vector_bytes": pa.array([placed[c][3] for c in ids], pa.int64()),
+        "lexical_bytes": pa.array([placed[c][4] for c in ids], pa.int64()),
         "source_key": pa.array([keys[c] for c in ids], pa.string()),
     })
     con.execute(
         f"CREATE TABLE {schema}.{IMAGE_TABLE} (conversation_id VARCHAR NOT NULL, format INTEGER NOT NULL, "
         "byte_offset BIGINT NOT NULL, byte_length BIGINT NOT NULL, vector_bytes BIGINT NOT NULL, "
+        "lexical_bytes BIGINT NOT NULL, "
         "source_key VARCHAR NOT NULL)"
     )
     con.register("tmem_image_index", index)
@@ -245,6 +259,7 @@ class ImageLocation(NamedTuple):
     byte_offset: int
     byte_length: int
     vector_bytes: int
+    lexical_bytes: int = 0  # the prebuilt BM25 after the vector section (format 2)
 
 
 def image_location(
@@ -254,21 +269,21 @@ def image_location(
     vector column (``vector_column``: whether this one has; looked up when ``None``)."""
     if vector_column is None:
         vector_column = _has_vector_column(con)
-    columns = "format, byte_offset, byte_length, " + ("vector_bytes" if vector_column else "0")
+    columns = "format, byte_offset, byte_length, " + ("vector_bytes, lexical_bytes" if vector_column else "0, 0")
     row = con.execute(
         f"SELECT {columns} FROM {IMAGE_TABLE} WHERE conversation_id = ?",  # noqa: S608
         [conversation_id],
     ).fetchone()
-    return None if row is None else ImageLocation(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
+    return None if row is None else ImageLocation(*(int(v) for v in row))
 
 
 def image_locations(con: duckdb.DuckDBPyConnection, *, vector_column: bool | None = None) -> dict[str, ImageLocation]:
     """Every conversation's image location, by conversation id (the reader keeps this in memory)."""
     if vector_column is None:
         vector_column = _has_vector_column(con)
-    columns = "format, byte_offset, byte_length, " + ("vector_bytes" if vector_column else "0")
+    columns = "format, byte_offset, byte_length, " + ("vector_bytes, lexical_bytes" if vector_column else "0, 0")
     rows = con.execute(f"SELECT conversation_id, {columns} FROM {IMAGE_TABLE}").fetchall()  # noqa: S608
-    return {str(r[0]): ImageLocation(int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows}
+    return {str(r[0]): ImageLocation(*(int(v) for v in r[1:])) for r in rows}
 
 
 def _has_vector_column(con: duckdb.DuckDBPyConnection) -> bool:

@@ -30,6 +30,7 @@ import duckdb
 
 from tmem.errors import StoreError
 from tmem.ids import content_hash
+from tmem.retrieval.lexical import BM25Section
 from tmem.store.conversation_image import IMAGE_FORMAT, write_conversation_images
 from tmem.store.conversation_image import MANIFEST_KEY as IMAGE_MANIFEST_KEY
 from tmem.store.image_vectors import lance_source
@@ -96,10 +97,11 @@ def publish_snapshot(
             # working database a rebuilt conversation's rows land at the end, scattered over time:
             # copied as they are, every scoped read scans the whole table (bench/query.py --part scale).
             con.execute(f"CREATE TABLE snap.{name} AS SELECT * FROM main.{name} ORDER BY conversation_id")  # noqa: S608 -- fixed names
-        # Derived from the tables just written and the pinned vectors: a cold query load reads one row
-        # and one byte range instead of nine queries and a Lance scan.
+        # Derived from the tables just written, the pinned vectors and the BM25 built from them: a cold
+        # query load reads one byte range instead of nine queries and a Lance scan, and skips BM25.
         write_conversation_images(con, "snap", tmp, previous=_previous_with_images(store),
-                                  vectors=lance_source(_local_uri(lance_uri, store), lance_versions))
+                                  vectors=lance_source(_local_uri(lance_uri, store), lance_versions),
+                                  lexical=BM25Section())
     finally:
         con.execute("DETACH snap")
     manifest: dict[str, Any] = {

@@ -31,6 +31,7 @@ import duckdb
 
 from tmem.domain import Memory, Turn
 from tmem.errors import ScopeError, StoreError
+from tmem.retrieval.lexical import PrebuiltBM25, decode_bm25
 from tmem.store.conversation_image import (
     IMAGE_FILE,
     READABLE_FORMATS,
@@ -57,8 +58,10 @@ class ColdRead:
     memory: Memory
     turns: tuple[Turn, ...]
     vectors: VectorSection | None  # None: not asked for, or the snapshot pins no vector table
+    bm25: PrebuiltBM25 | None  # the BM25 built at publish; None: build it from the memory
     read_memory_s: float
     read_vectors_s: float
+    read_bm25_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,7 @@ class SnapshotReader:
 
     @property
     def _vector_column(self) -> bool:
-        return (self.info.image_format or 0) >= 2
+        return self.uses_images and (self.info.image_format or 0) >= 2
 
     def read_conversation(self, conversation_id: str, *, from_tables: bool = False) -> tuple[Memory, tuple[Turn, ...]]:
         """The memory and turns of one conversation. :class:`ScopeError` when the snapshot holds
@@ -178,28 +181,39 @@ class SnapshotReader:
         return decode_image(conversation_id, where.format, document, source=self._image_source)
 
     def read_cold(self, conversation_id: str, *, vectors: bool = True) -> ColdRead:
-        """Everything a cold index load reads: memory, turns and (with ``vectors``) the vector rows,
-        with one image lookup when the image carries a vector section; otherwise
-        :meth:`read_conversation` and :meth:`read_vector_rows` (LanceDB)."""
+        """Everything a cold index load reads: memory, turns, (with ``vectors``) the vector rows and
+        the prebuilt BM25, from one image (format 2) with one lookup; what the image lacks comes
+        from :meth:`read_conversation` and LanceDB (:meth:`read_vector_rows`)."""
         started = time.perf_counter()
-        if not (vectors and self._vector_column and self.vector_table == QUERY_VECTOR_TABLE):
+        if not self._vector_column:  # no image, or one of format 1
             memory, turns = self.read_conversation(conversation_id)
             memory_done = time.perf_counter()
-            rows = self.read_vector_rows(conversation_id) if vectors else None
-            return ColdRead(memory, turns, rows, memory_done - started, time.perf_counter() - memory_done)
+            early = self.read_vector_rows(conversation_id) if vectors else None
+            return ColdRead(memory, turns, early, None, memory_done - started, time.perf_counter() - memory_done)
         self._check_scope(conversation_id)
         where = self._locate(conversation_id)
         source = self._image_source
+        in_image = vectors and where.vector_bytes > 0 and self.vector_table == QUERY_VECTOR_TABLE
+        rows: VectorSection | None = None
+        bm25: PrebuiltBM25 | None = None
         with self._image_file() as fd:
             document = read_image_at(fd, source, conversation_id, where.byte_offset, where.byte_length)
             memory, turns = decode_image(conversation_id, where.format, document, source=source)
             memory_done = time.perf_counter()
-            if where.vector_bytes > 0:
-                data = read_bytes_at(fd, source, conversation_id, where.byte_offset + where.byte_length, where.vector_bytes)
+            start = where.byte_offset + where.byte_length
+            if in_image:
+                data = read_bytes_at(fd, source, conversation_id, start, where.vector_bytes)
                 rows = decode_section(data, conversation_id, self.vector_table, source=source)
-        if where.vector_bytes == 0:  # published without a vector section: LanceDB
+            vectors_done = time.perf_counter()
+            if where.lexical_bytes > 0:
+                data = read_bytes_at(fd, source, conversation_id, start + where.vector_bytes, where.lexical_bytes)
+                n_docs = len(memory.topics) + len(memory.scenes) + len(memory.items)
+                bm25 = decode_bm25(data, n_docs, source=f"{source}: image of {conversation_id!r}")
+            bm25_done = time.perf_counter()
+        if vectors and not in_image:  # published without a vector section: LanceDB
             rows = self.read_vector_rows(conversation_id, from_lance=True)
-        return ColdRead(memory, turns, rows, memory_done - started, time.perf_counter() - memory_done)
+        return ColdRead(memory, turns, rows, bm25, memory_done - started,
+                        vectors_done - memory_done + time.perf_counter() - bm25_done, bm25_done - vectors_done)
 
     @property
     def _image_source(self) -> str:
