@@ -1,7 +1,8 @@
 """The scale part of bench/query.py: search latency and memory on a 1M-item synthetic store.
 
-Cold = the first query of a conversation in this process (snapshot read from DuckDB, vectors from
-Lance at the pinned version, index build, then the search); warm = a query of a conversation
+Cold = the first query of a conversation in this process (memory, turns, vectors and prebuilt BM25
+from the snapshot's conversation image; for snapshots of older formats DuckDB and Lance at the
+pinned version; index build, then the search); warm = a query of a conversation
 already in the index cache. Query texts come from the store's own vocabulary (same seed), query
 vectors are random unit vectors. RSS is read from /proc after N conversations are loaded.
 A profile of the cold read times each of its DuckDB queries and the Lance read, the latter also
@@ -245,6 +246,7 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "query", "part": "scale", "before": before, "machine": info | {"loadavg_end": loadavg()},
         "store": str(store), "generated": generated or facts, "snapshot_id": snap.snapshot_id,
+        "image_format": snap.info.image_format,
         "conversations_in_store": len(cids), "queries": n, "seed": args.seed,
         "memory_open_ms": round(opened.s * 1000, 1),
         "first_query_ms (one-time imports and opens)": round(first_load.s * 1000, 1),
@@ -270,9 +272,9 @@ def print_scale(result: dict[str, Any]) -> None:
     labels = {
         "cold_total": "cold: first touch, total",
         "cold_load_part": "  of which load",
-        "cold_read_memory_duckdb": "    DuckDB read (memory + turns)",
-        "cold_read_vectors_lance": "    Lance read (pinned version)",
-        "cold_build_index": "    index build (arrays, BM25)",
+        "cold_read_memory_duckdb": "    memory + turns read (image, else DuckDB tables)",
+        "cold_read_vectors_lance": "    vector read (image section, else Lance)",
+        "cold_build_index": "    index build (arrays; BM25 loaded or built)",
         "cold_search_part": "  of which search",
         "warm_precomputed_vector": "warm: hybrid, precomputed vector",
         "warm_lexical": "warm: lexical only",
@@ -302,11 +304,11 @@ def print_scale(result: dict[str, Any]) -> None:
         print("\nDuckDB cold read (read_conversation), same conversations, alternating snapshots")
         print(table(rows, ["snapshot", "images", "n", "p50 ms", "p95 ms", "mean ms"]))
     if result.get("cold_path_ab"):
-        rows = [[sid, "yes" if ab["uses_images"] else "no", ab["cold_total"]["n"]]
+        rows = [[sid, ab["image_format"] if ab["uses_images"] else "none", ab["cold_total"]["n"]]
                 + [f"{ab[k]['p50']} / {ab[k]['p95']}" for k in ("cold_total", "read_memory", "read_vectors", "build_index")]
                 for sid, ab in result["cold_path_ab"].items()]
         print("\ncold path A/B (load + one hybrid search; snapshots take turns on fresh conversations), p50 / p95 ms")
-        print(table(rows, ["snapshot", "images", "n", "total", "DuckDB read", "Lance read", "index build"]))
+        print(table(rows, ["snapshot", "image format", "n", "total", "memory read", "vector read", "index build"]))
     t = result["target"]
     print(f"target p95 <= {t['p95_ms_max']} ms: warm {'met' if t['warm_met'] else 'NOT met'}, "
           f"cold {'met' if t['cold_met'] else 'NOT met'}")

@@ -5,20 +5,27 @@ The snapshot's memory tables and turns stay the system of record. At publish tim
 JSON document per published conversation, holding per table exactly the rows the per-table reads
 of :mod:`tmem.store.memory_rows` (``MEMORY_ROW_QUERIES``) and :mod:`tmem.store.conversations`
 (``TURN_ROW_QUERY``) return, in the same order, with timestamps as epoch microseconds. A cold load
-then costs one small point read, one ``pread`` and one ``json.loads`` instead of nine queries, and
+then costs a dict lookup, one ``pread`` and one ``json.loads`` instead of nine queries, and
 is assembled by the same functions as the table read (``memory_from_rows``, ``turns_from_rows``),
 so both paths give equal objects (``tests/test_conversation_image.py``).
 
 The documents are zlib-compressed into ``conversation_images.bin`` beside ``memory.duckdb``; the
-snapshot's table ``conversation_images(conversation_id, format, byte_offset, byte_length)`` says
-where each is. (Stored as a VARCHAR column of the snapshot instead, one ~120 KB document per row,
-a point read cost 0.6-1.9 s at 10,000 conversations: DuckDB decompressed whole column segments.)
+snapshot's table ``conversation_images(conversation_id, format, byte_offset, byte_length,
+vector_bytes, lexical_bytes, source_key)`` says where each is. (Stored as a VARCHAR column of the
+snapshot instead, one ~120 KB document per row, a point read cost 0.6-1.9 s at 10,000
+conversations: DuckDB decompressed whole column segments.) A reader loads that table once into a
+dict (:func:`image_locations`), so a cold load makes no DuckDB query at all.
+
+Format 2 appends two derived sections to each document: the conversation's vector rows of the
+pinned Lance table (``vector_bytes``, :mod:`tmem.store.image_vectors`) and its BM25 index built at
+publish (``lexical_bytes``, :mod:`tmem.retrieval.lexical`); either may be absent (0 bytes), and the
+reader then goes to Lance or builds BM25 itself. Each section names its conversation and is checked.
 
 Rows are grouped by ``conversation_id`` in SQL, so a document holds only its conversation's rows
 whatever characters the id contains; the reader also checks the id stored inside the document.
-``format`` versions the document: a reader uses images only when the snapshot's manifest names a
-format it knows (:data:`IMAGE_FORMAT`) and otherwise reads the tables, so snapshots published
-before images existed stay readable.
+``format`` versions the image: a reader uses images only when the snapshot's manifest names a
+format it knows (:data:`READABLE_FORMATS`) and otherwise reads the tables, so snapshots published
+before images existed stay readable; format-1 images are read without sections.
 """
 
 from __future__ import annotations

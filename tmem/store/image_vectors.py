@@ -176,7 +176,8 @@ def _split(data: pa.Table, conversation_ids: list[str], table: str, dim: int) ->
 
 def lance_source(uri: str, versions: dict[str, int], table: str = QUERY_VECTOR_TABLE) -> LanceVectorSource | None:
     """The source of a publish pinning ``versions`` of the Lance tables at ``uri``; ``None`` when
-    it pins no version of ``table`` (images then carry no vector section: readers use Lance)."""
+    it pins no version of ``table`` or the table does not exist (images then carry no vector
+    section: readers go to Lance, which has none either, as ``SnapshotReader`` does)."""
     version = versions.get(table)
     if version is None or version < 1:
         return None
@@ -186,6 +187,8 @@ def lance_source(uri: str, versions: dict[str, int], table: str = QUERY_VECTOR_T
 
     try:
         db = lancedb.connect(uri)
+        if not VectorStore(uri, 1).has_table(table):
+            return None
         schema = db.open_table(table, version=version).schema
     except (OSError, ValueError, RuntimeError) as exc:
         raise StoreError(f"{uri}/{table}@{version}: cannot read the vector schema for the images ({exc})") from exc
