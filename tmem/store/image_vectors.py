@@ -20,6 +20,7 @@ addresses mean the same stored rows, whatever the table version (every publish m
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import struct
 from dataclasses import dataclass
@@ -128,15 +129,15 @@ class LanceVectorSource:
         handle = self.store._reader(self.table, self.version)
         data = handle.search().select(["conversation_id", "_rowaddr"]).limit(None).to_arrow()
         data = data.sort_by([("conversation_id", "ascending"), ("_rowaddr", "ascending")])
-        cids = data.column("conversation_id").to_pylist()
-        addrs = data.column("_rowaddr").to_numpy()
+        ids = data.column("conversation_id").combine_chunks()
+        addrs = data.column("_rowaddr").to_numpy().astype("<u8")
+        codes = ids.dictionary_encode().indices.to_numpy()
+        bounds = [0, *(np.flatnonzero(np.diff(codes) != 0) + 1).tolist(), len(codes)]
         out: dict[str, str] = {}
-        start = 0
-        for end in range(1, len(cids) + 1):
-            if end == len(cids) or cids[end] != cids[start]:
-                digest = hashlib.md5(addrs[start:end].astype("<u8").tobytes(), usedforsecurity=False).hexdigest()
-                out[cids[start]] = f"{self.table}|{self.dim}|{digest}"
-                start = end
+        for start, end in itertools.pairwise(bounds):
+            if end > start:
+                digest = hashlib.md5(addrs[start:end].tobytes(), usedforsecurity=False).hexdigest()
+                out[str(ids[start].as_py())] = f"{self.table}|{self.dim}|{digest}"
         return out
 
     def load(self, conversation_ids: list[str]) -> dict[str, VectorSection]:
