@@ -24,6 +24,7 @@ import itertools
 import json
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -186,6 +187,8 @@ def lance_source(uri: str, versions: dict[str, int], table: str = QUERY_VECTOR_T
 
     from tmem.store.lance import VectorStore
 
+    if "://" not in uri and not Path(uri).is_dir():  # connecting would create the directory
+        return None
     try:
         db = lancedb.connect(uri)
         if not VectorStore(uri, 1).has_table(table):
