@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
 
-from tests.query_store import THEMES, HashEmbedder, build_store, make_conv
+from tests.query_store import NOW, THEMES, HashEmbedder, build_store, make_conv
 from tests.test_query_memory import CRAFTED_IDS, settings_for
 from tmem.errors import StoreError
 from tmem.query.loader import load_index
@@ -32,9 +33,10 @@ from tmem.store.conversation_image import (
     image_locations,
     write_conversation_images,
 )
+from tmem.store.duck import connect
 from tmem.store.image_vectors import VectorSection, decode_section, encode_section, lance_source
 from tmem.store.lance import VectorStore
-from tmem.store.snapshot import MANIFEST, SnapshotInfo, current_snapshot
+from tmem.store.snapshot import MANIFEST, SnapshotInfo, current_snapshot, publish_snapshot
 from tmem.store.snapshot_reader import SnapshotReader
 
 DIM = 64
@@ -228,3 +230,27 @@ def test_a_publish_reuses_images_only_while_their_lance_rows_are_unchanged(
     data = (out / IMAGE_FILE).read_bytes()[loc.byte_offset + loc.byte_length : loc.byte_offset + loc.byte_length + loc.vector_bytes]
     section = decode_section(data, changed, "vectors", source="t")
     assert np.array_equal(section.vectors, -rows.vectors)
+
+
+def test_a_publish_without_the_vector_table_writes_no_sections_and_no_directory(
+    published: tuple[Path, SnapshotInfo], tmp_path: Path
+) -> None:
+    store, _ = published
+    _copy(store, tmp_path / "store")
+    missing = tmp_path / "no-lance"
+    con = connect(tmp_path / "store")
+    try:
+        info = publish_snapshot(con, tmp_path / "store", lance_uri=str(missing), lance_versions={"vectors": 3},
+                                now=NOW + timedelta(days=1))
+    finally:
+        con.close()
+    assert not missing.exists()
+    db = duckdb.connect(str(info.memory_db), read_only=True)
+    try:
+        where = image_locations(db)
+    finally:
+        db.close()
+    assert sorted(where) == sorted(CRAFTED_IDS)
+    assert all(loc.vector_bytes == 0 and loc.lexical_bytes > 0 for loc in where.values())
+    cold = SnapshotReader(info, tmp_path / "store").read_cold(CRAFTED_IDS[0], vectors=False)
+    assert cold.vectors is None and cold.bm25 is not None and cold.memory.items
