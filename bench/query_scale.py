@@ -23,10 +23,11 @@ import numpy as np
 from benchstats import Stopwatch, loadavg, machine_info, rss_bytes, summary_ms, table
 from scale_store import FACTS, VECTOR_TABLE, Texts, build_scale_store
 
-from tmem.query.loader import load_index
+from tmem.query.loader import _vector_bundle, load_index
 from tmem.query.memory import Memory
 from tmem.retrieval.cascade import search
 from tmem.retrieval.config import config_from_settings
+from tmem.retrieval.index import build_index
 from tmem.settings import load_settings
 from tmem.store.conversations import load_turns
 from tmem.store.lance import VectorStore
@@ -106,7 +107,30 @@ def profile_cold_read(mem: Memory, cids: list[str], facts: dict[str, Any]) -> di
         "duckdb_load_turns_ms": summary_ms(load_turns_s),
         "lance_load_conversation_ms": {"version": version, **summary_ms(lance_s)},
         "lance_without_scope_index": unindexed,
+        "image_parts": image_parts(snap.reader, cids),
     }
+
+
+def image_parts(reader: SnapshotReader, cids: list[str]) -> dict[str, Any] | None:
+    """On a snapshot whose images carry sections: the vector rows from the image vs from Lance,
+    and the index build with the BM25 stored at publish vs built at load (alternating order)."""
+    if not reader.info.image_format or reader.info.image_format < 2:
+        return None
+    times: dict[str, list[float]] = {k: [] for k in ("vectors_image", "vectors_lance", "index_prebuilt_bm25",
+                                                     "index_built_bm25")}
+    for n, cid in enumerate(cids):
+        cold = reader.read_cold(cid)
+        m, bundle = cold.memory, _vector_bundle(cold.vectors)
+        for name in (("vectors_image", "vectors_lance") if n % 2 else ("vectors_lance", "vectors_image")):
+            t0 = time.perf_counter()
+            reader.read_vector_rows(cid, from_lance=name == "vectors_lance")
+            times[name].append(time.perf_counter() - t0)
+        for name in (("index_prebuilt_bm25", "index_built_bm25") if n % 2 else ("index_built_bm25", "index_prebuilt_bm25")):
+            t0 = time.perf_counter()
+            build_index(cid, m.scenes, m.topics, m.items, m.item_triggers, m.scene_triggers, m.personas, cold.turns,
+                        bundle, bm25=cold.bm25 if name == "index_prebuilt_bm25" else None)
+            times[name].append(time.perf_counter() - t0)
+    return {k: summary_ms(v) for k, v in times.items()}
 
 
 def compare_layouts(store: Path, other_id: str, current_id: str, cids: list[str]) -> dict[str, Any]:
@@ -294,6 +318,12 @@ def print_scale(result: dict[str, Any]) -> None:
         un = prof["lance_without_scope_index"]
         rows.append([f"  same @v{un['version']} (no scope index)", "", un["load_conversation_ms"]["p50"],
                      un["load_conversation_ms"]["p95"]])
+    if prof.get("image_parts"):
+        parts = prof["image_parts"]
+        labels2 = {"vectors_image": "vector rows from the image section", "vectors_lance": "vector rows from Lance",
+                   "index_prebuilt_bm25": "index build, BM25 stored at publish",
+                   "index_built_bm25": "index build, BM25 built at load"}
+        rows.extend([[labels2[k], "", v["p50"], v["p95"]] for k, v in parts.items()])
     print(f"\ncold read profile over {prof['conversations']} unloaded conversations "
           f"(stored in conversation order: {prof['stored_in_conversation_order']})")
     print(table(rows, ["read", "table rows", "p50 ms", "p95 ms"]))
