@@ -32,7 +32,7 @@ $(VENV)/.installed-local: $(VENV)/.installed
 		$(PY) -m pip install --quiet -e '.[local]'; \
 	else \
 		echo ">>> Compiling llama.cpp for the embedded local model (llama-cpp-python, portable CPU build)."; \
-		echo ">>> This happens once and takes about 7 minutes on 2 free cores (longer on a busy machine)."; \
+		echo ">>> This happens once and takes 7-18 minutes on 2 cores (measured: ~7 idle, 17.6 with downloads on a busy machine)."; \
 		start=$$(date +%s); \
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -e '.[local]' || exit 1; \
 		secs=$$(( $$(date +%s) - $$start )); echo $$secs > $(COMPILE_NOTE); \

@@ -25,7 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from bench.incremental import DEFAULT_LOCOMO, INGEST_NOW, llm_env, machine_info  # noqa: E402
+from bench.incremental import DEFAULT_LOCOMO, INGEST_NOW, bench_environment, llm_env, machine_info  # noqa: E402
 
 DEFAULT_OUT = REPO / "bench" / "results" / "batch_build.json"
 BATCH_ENV = {"TMEM_LLM_BATCH": "on", "TMEM_LLM_BATCH_LINGER_S": "1.0", "TMEM_LLM_BATCH_POLL_S": "0.2",
@@ -82,10 +82,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="tmem-bench-batch-") as tmp:
         root = Path(tmp)
-        os.environ.update({"PREFECT_HOME": str(root / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                           "PREFECT_LOGGING_LEVEL": "WARNING",
-                           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"})
+        os.environ.update(bench_environment(root))
         import tmem.devtools.synth  # noqa: F401 -- registers the deterministic responders
         from tmem.devtools.scripted_llm import ScriptedLLM
         from tmem.store.memory_image import diff_images, memory_image

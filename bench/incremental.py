@@ -57,6 +57,13 @@ def llm_env(url: str, concurrency: int) -> AbstractContextManager[None]:
     )
 
 
+def bench_environment(root: Path) -> dict[str, str]:
+    """A private Prefect home under ``root``, offline and quiet, patient with a busy machine."""
+    return {"PREFECT_HOME": str(root / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
+
+
 def tokens(summary: dict[str, Any]) -> int:
     return int(summary["prompt_tokens"]) + int(summary["completion_tokens"])
 
@@ -142,10 +149,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="tmem-bench-incremental-") as tmp:
         root = Path(tmp)
-        os.environ.update({"PREFECT_HOME": str(root / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                           "PREFECT_LOGGING_LEVEL": "WARNING",
-                           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"})
+        os.environ.update(bench_environment(root))
         sys.path.insert(0, str(REPO))
         import tmem.devtools.synth  # noqa: F401 -- registers the deterministic responders
         from tmem.devtools.scripted_llm import ScriptedLLM

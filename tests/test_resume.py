@@ -401,8 +401,9 @@ def test_a_build_killed_at_20_seeded_random_points_resumes_to_the_never_killed_m
             statuses = [r.status for r in list_runs(con, limit=100)]
         finally:
             con.close()
-        # A run killed before its flow started has no row; every other killed run is marked interrupted.
-        assert statuses.count("completed") == 2 and set(statuses) <= {"completed", "interrupted"}, statuses
+        # A run killed before its flow started has no row; every other killed run is marked interrupted,
+        # unless the kill landed after it had recorded its completion (then it counts as completed).
+        assert statuses.count("completed") >= 2 and set(statuses) <= {"completed", "interrupted"}, statuses
         assert 1 <= statuses.count("interrupted") <= len(chain.tried)
     kills = sum(len(c.tried) for c in chains)
     assert kills >= RANDOM_KILLS

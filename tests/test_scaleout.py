@@ -176,8 +176,11 @@ def test_task_runner_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("TMEM_TASK_RUNNER", "dask")
     monkeypatch.setenv("TMEM_DASK_ADDRESS", "tcp://10.0.0.5:8786")
-    with pytest.raises(ConfigError, match="PREFECT_API_URL"):  # remote workers cannot reach a temporary server
-        ConfiguredTaskRunner().duplicate()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    # Without an API URL (another test's Prefect harness may have set one for the session):
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), pytest.raises(ConfigError, match="PREFECT_API_URL"):
+        ConfiguredTaskRunner().duplicate()  # remote workers cannot reach a temporary server
     monkeypatch.setenv("TMEM_TASK_RUNNER", "ray")
     with pytest.raises(ValueError, match="task_runner"):
         ConfiguredTaskRunner().duplicate()

@@ -23,6 +23,16 @@ def work_db_path(store: Path) -> Path:
     return Path(store) / WORK_DB
 
 
+def open_read_only(path: Path, failure: str) -> duckdb.DuckDBPyConnection:
+    """``path`` opened read-only in UTC; a DuckDB error is a StoreError ``"<path>: <failure> (<why>)"``."""
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error as exc:
+        raise StoreError(f"{path}: {failure} ({exc})") from exc
+    con.execute("SET TimeZone = 'UTC'")
+    return con
+
+
 def connect(store: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) the store's working database with every migration applied."""
     store = Path(store)
@@ -30,12 +40,7 @@ def connect(store: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnectio
     if read_only:
         if not path.exists():
             raise StoreError(f"{store}: no tmem store here (missing {WORK_DB}); run `tmem ingest` first")
-        try:
-            con = duckdb.connect(str(path), read_only=True)
-        except duckdb.IOException as exc:
-            raise StoreError(f"{path}: cannot open read-only ({exc})") from exc
-        con.execute("SET TimeZone = 'UTC'")
-        return con
+        return open_read_only(path, "cannot open read-only")
     store.mkdir(parents=True, exist_ok=True)
     try:
         con = duckdb.connect(str(path))

@@ -22,6 +22,7 @@ import pyarrow as pa
 from tmem.errors import ConfigError, StoreError
 from tmem.providers.journal import JournalBatch
 from tmem.settings import Settings
+from tmem.store.duck import open_read_only
 
 EXCHANGE_DIR = "exchange"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -105,12 +106,7 @@ def open_exchange(path: Path) -> duckdb.DuckDBPyConnection:
     """The exchange file, read-only (never the working database)."""
     if not path.is_file():
         raise StoreError(f"{path}: no build exchange here; the publisher exports it before submitting work")
-    try:
-        con = duckdb.connect(str(path), read_only=True)
-    except duckdb.Error as exc:
-        raise StoreError(f"{path}: cannot open the build exchange read-only ({exc})") from exc
-    con.execute("SET TimeZone = 'UTC'")
-    return con
+    return open_read_only(path, "cannot open the build exchange read-only")
 
 
 def write_journal(con: duckdb.DuckDBPyConnection, batch: JournalBatch) -> None:
