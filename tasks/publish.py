@@ -35,5 +35,6 @@ def publish_builds(store: str, run_id: str, builds: dict[str, ConversationBuild]
         record_memory_build(b.con, cid, build_id, run_id, build.watermark_turn_seq, now)
         clear_quarantine(b.con, cid, run_id, now)  # built: whatever quarantined it is resolved
     info = publish_snapshot(b.con, b.settings.store, lance_uri=pinned_lance_uri(lance_uri(b.settings)),
-                            lance_versions={VECTOR_TABLE: version}, now=now)
+                            lance_versions={VECTOR_TABLE: version}, now=now,
+                            image_vectors=b.settings.snapshot_image_vectors)
     return info.snapshot_id

@@ -254,3 +254,31 @@ def test_a_publish_without_the_vector_table_writes_no_sections_and_no_directory(
     assert all(loc.vector_bytes == 0 and loc.lexical_bytes > 0 for loc in where.values())
     cold = SnapshotReader(info, tmp_path / "store").read_cold(CRAFTED_IDS[0], vectors=False)
     assert cold.vectors is None and cold.bm25 is not None and cold.memory.items
+
+
+def test_a_publish_with_image_vectors_off_reads_cold_vectors_from_lance(
+    published: tuple[Path, SnapshotInfo], tmp_path: Path
+) -> None:
+    """TMEM_SNAPSHOT_IMAGE_VECTORS=false: images carry no vector section (smaller snapshot) and a
+    cold load reads the same rows from the Lance version the snapshot pins."""
+    store, before = published
+    _copy(store, tmp_path / "store")
+    con = connect(tmp_path / "store")
+    try:
+        info = publish_snapshot(con, tmp_path / "store", lance_uri=str(tmp_path / "store" / "lance"),
+                                lance_versions=before.lance_versions, now=NOW + timedelta(days=2), image_vectors=False)
+    finally:
+        con.close()
+    assert (info.path / IMAGE_FILE).stat().st_size < (before.path / IMAGE_FILE).stat().st_size
+    db = duckdb.connect(str(info.memory_db), read_only=True)
+    try:
+        where = image_locations(db)
+    finally:
+        db.close()
+    assert all(loc.vector_bytes == 0 and loc.lexical_bytes > 0 for loc in where.values())
+    off = SnapshotReader(info, tmp_path / "store")
+    on = SnapshotReader(before, store)
+    for cid in CRAFTED_IDS[:4]:
+        cold = off.read_cold(cid)
+        _assert_same_rows(cold.vectors, on.read_cold(cid).vectors)
+        assert cold.bm25 is not None

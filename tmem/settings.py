@@ -130,6 +130,12 @@ class Settings(BaseSettings):
         description="Torch threads while embedding a query (one short text: extra threads only add overhead, "
         "bench/query_embed_threads.py); 0 = torch's default. Build-time batch embedding is not affected.",
     )
+    snapshot_image_vectors: bool = Field(
+        True,
+        description="Copy each conversation's pinned vector rows into its snapshot image at publish: a cold query "
+        "load reads them with one pread instead of a Lance scan (bench/query.py --part scale), at the cost of one "
+        "more copy of the query vectors per retained snapshot. Off: cold loads read LanceDB.",
+    )
 
     api_key: SecretStr | None = Field(None, description="If set, `tmem serve` requires it as a Bearer token.")
     answer_timeout_s: float = Field(

@@ -74,8 +74,11 @@ def publish_snapshot(
     lance_uri: str,
     lance_versions: dict[str, int],
     now: datetime,
+    image_vectors: bool = True,
 ) -> SnapshotInfo:
-    """Copy the working database's memory into a new immutable snapshot and point readers at it."""
+    """Copy the working database's memory into a new immutable snapshot and point readers at it.
+    ``image_vectors``: copy each conversation's pinned vector rows into its image (else cold loads
+    read them from LanceDB)."""
     store = Path(store)
     root = store / SNAPSHOTS
     root.mkdir(parents=True, exist_ok=True)
@@ -100,7 +103,7 @@ def publish_snapshot(
         # Derived from the tables just written, the pinned vectors and the BM25 built from them: a cold
         # query load reads one byte range instead of nine queries and a Lance scan, and skips BM25.
         write_conversation_images(con, "snap", tmp, previous=_previous_with_images(store),
-                                  vectors=lance_source(_local_uri(lance_uri, store), lance_versions),
+                                  vectors=lance_source(_local_uri(lance_uri, store), lance_versions) if image_vectors else None,
                                   lexical=BM25Section())
     finally:
         con.execute("DETACH snap")
