@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
     from flows.build_memory import ConversationBuild
 
-THREAD_POOL_WORKERS = 16  # conversations at once in the thread-pool runner (LLM calls are bounded separately)
-
 
 def task_runner_for(settings: Settings, api_url: str | None = None) -> TaskRunner[Any]:
     """The task runner ``settings`` ask for (a new, unstarted instance).
@@ -46,7 +44,7 @@ def task_runner_for(settings: Settings, api_url: str | None = None) -> TaskRunne
     environment, so they report to the flow's API even when that is Prefect's ephemeral server.
     """
     if settings.task_runner == "threads":
-        return ThreadPoolTaskRunner(max_workers=THREAD_POOL_WORKERS)
+        return ThreadPoolTaskRunner(max_workers=settings.build_concurrency)
     if settings.batch_operations:
         # A worker has no batch journal (it never writes the store): a killed build would pay twice.
         raise ConfigError("TMEM_LLM_BATCH=on is not supported with TMEM_TASK_RUNNER=dask yet: use threads for batch builds")

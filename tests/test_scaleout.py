@@ -161,6 +161,7 @@ def test_task_runner_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -> No
 
     threads = task_runner_for(load_settings())
     assert isinstance(threads, ThreadPoolTaskRunner) and threads._max_workers == 16
+    assert task_runner_for(load_settings(build_concurrency=3))._max_workers == 3
     remote = task_runner_for(load_settings(task_runner="dask", dask_address="tcp://10.0.0.5:8786"))
     assert isinstance(remote, DaskTaskRunner) and remote.address == "tcp://10.0.0.5:8786"
     local = task_runner_for(load_settings(task_runner="dask", dask_workers=3), api_url="http://127.0.0.1:4200/api")

@@ -101,7 +101,10 @@ class Settings(BaseSettings):
     embedding_batch_size: int = Field(64, ge=1)
     embedding_device: str = Field("cpu")
 
-    build_concurrency: int = Field(4, ge=1, description="Conversations built in parallel.")
+    build_concurrency: int = Field(
+        16, ge=1, description="Conversations built at once by the thread-pool runner (LLM calls are bounded "
+        "separately by llm_concurrency; the Dask runner builds dask_workers x dask_threads_per_worker at once).",
+    )
     task_runner: TaskRunnerKind = Field(
         "threads", description="Where build-memory runs its conversation tasks: threads (this process) or dask."
     )
