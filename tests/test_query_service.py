@@ -25,7 +25,7 @@ from tests.query_store import HashEmbedder, build_store, make_conv, publish
 from tests.test_query_memory import scripted_answer
 from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.query.memory import Memory
-from tmem.query.service import create_app
+from tmem.query.service import MAX_CONVERSATION_ID_CHARS, create_app
 from tmem.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,7 +126,9 @@ def test_health_search_and_openapi(shared_live: LiveServer) -> None:
 
         schema = client.get("/openapi.json").json()
         assert {"/health", "/search", "/answer"} <= set(schema["paths"])
-        assert schema["components"]["schemas"]["SearchRequest"]["properties"]["conversation_id"]["pattern"]
+        scope = schema["components"]["schemas"]["SearchRequest"]["properties"]["conversation_id"]
+        assert scope["minLength"] == 1 and scope["maxLength"] == MAX_CONVERSATION_ID_CHARS
+        assert "conversation_id" in schema["components"]["schemas"]["SearchRequest"]["required"]
         assert "HTTPBearer" in schema["components"]["securitySchemes"]
 
 
