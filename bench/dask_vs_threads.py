@@ -18,7 +18,7 @@ reported. The Dask wall time includes starting the cluster (worker processes imp
 Prefect and torch, and loading the embedding model once per worker).
 
     HF_HUB_OFFLINE=1 python bench/dask_vs_threads.py [--latency-ms 200] [--workers 2]
-        [--threads-per-worker 4] [--conversations conv-26 ...] [--repeats 1] [--out PATH]
+        [--threads-per-worker 4] [--conversations conv-26 ...] [--repeats 1] [--equal-in-flight] [--out PATH]
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ def main() -> None:
     parser.add_argument("--threads-per-worker", type=int, default=4)
     parser.add_argument("--conversations", nargs="+", metavar="ID", help="build only these (default: all)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--equal-in-flight", action="store_true",
+                        help="give the thread-pool build --llm-concurrency x --workers calls in flight, as many as "
+                             "the Dask build has in all (isolates what scaling out adds beyond concurrency)")
     parser.add_argument("--timeout-s", type=float, default=3600.0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
@@ -87,6 +90,8 @@ def main() -> None:
     stores = {r: tmp / f"store-{r}" for r in RUNNERS}
     server = ScriptedLLM(synth.RESPONDERS, use_registry=False, latency_ms=args.latency_ms).start()
     runs: dict[str, list[dict[str, Any]]] = {r: [] for r in RUNNERS}
+    in_flight = {"threads": args.llm_concurrency * (args.workers if args.equal_in_flight else 1),
+                 "dask": args.llm_concurrency * args.workers}
     started = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "loadavg": loadavg()}
     try:
         base_env = dict(os.environ) | {
@@ -105,6 +110,8 @@ def main() -> None:
                 if n:
                     forget_caches(store)
                 env = base_env | {"TMEM_TASK_RUNNER": runner, "TMEM_STORE": str(store)}
+                if runner == "threads":
+                    env["TMEM_LLM_CONCURRENCY"] = str(in_flight["threads"])
                 before, load_before = len(server.requests), loadavg()
                 out, seconds = run_cli(["build", "--store", str(store), *build_args], env, args.timeout_s,
                                        tmp / f"build-{runner}-{n}.log")
@@ -129,8 +136,7 @@ def main() -> None:
         "benchmark": "dask_vs_threads",
         "settings": {"latency_ms": args.latency_ms, "llm_concurrency_per_process": args.llm_concurrency,
                      "dask_workers": args.workers, "dask_threads_per_worker": args.threads_per_worker,
-                     "llm_calls_in_flight": {"threads": args.llm_concurrency,
-                                             "dask": args.llm_concurrency * args.workers},
+                     "llm_calls_in_flight": in_flight, "equal_in_flight": args.equal_in_flight,
                      "conversations": built, "locomo": str(args.locomo), "repeats": args.repeats,
                      "llm": "scripted (tmem.devtools.synth)"},
         "median_command_s": {r: statistics.median(x["command_s"] for x in runs[r]) for r in RUNNERS},
