@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from prefect.cache_policies import INPUTS, CachePolicy
+from prefect.cache_policies import CachePolicy
+from pydantic import BaseModel
 
 from tmem.bundle import BuildBundle, open_build_bundle, open_worker_bundle
 from tmem.ids import content_hash
 from tmem.providers.journal import JournalBatch
 from tmem.settings import load_settings
 from tmem.store.exchange import exchange_path
+
+if TYPE_CHECKING:
+    from prefect.context import TaskRunContext
 
 _lock = threading.Lock()
 _bundles: dict[tuple[str, str], BuildBundle] = {}
@@ -77,17 +83,55 @@ def release(store: str, run_id: str) -> None:
         found.con.close()
 
 
+CACHE_KEY_VERSION = 1  # bump when the key's encoding changes (old entries then simply miss)
+
+
+def _plain(value: Any) -> Any:
+    """The JSON form of a task input: pydantic models by ``model_dump(mode="json")``, containers
+    element by element. Anything else is a :class:`TypeError` (a key must never depend on ``repr``)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    raise TypeError(f"cannot key a task input of type {type(value).__name__}")
+
+
+@dataclass
+class ContentInputs(CachePolicy):
+    """Prefect cache key of a build task: the task's name and its content inputs (every argument
+    but the store path and run id), sha256 over their JSON form.
+
+    Unlike Prefect's ``INPUTS`` the key names the task, so two tasks called with equal arguments
+    never share an entry; and pydantic inputs are encoded by ``model_dump`` rather than Prefect's
+    generic JSON encoder, which looks its encoder up by import name on every call (~11 % of the
+    samples of a warm locomo10 rebuild under py-spy, contending on the import lock).
+    """
+
+    exclude: tuple[str, ...] = ("store", "run_id")
+
+    def compute_key(
+        self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
+    ) -> str | None:
+        if not inputs:
+            return None
+        content = {k: _plain(v) for k, v in sorted(inputs.items()) if k not in self.exclude}
+        return content_hash("prefect-task", CACHE_KEY_VERSION, task_ctx.task.name, content)
+
+
 def content_cache(store: str) -> CachePolicy:
-    """Cache keyed by the task's content inputs only (not store path, run id or bundle).
+    """Cache keyed by the task's name and content inputs (:class:`ContentInputs`).
 
     Keys and results live under the store, so deleting a store also forgets its cache. Prefect's
     cache records name their result files by absolute path, so the keys are kept per absolute
     store location: a moved or copied store misses (and recomputes from the LLM response cache,
     at no LLM cost) instead of failing on a result path outside its own directory.
     """
-    policy = INPUTS - "store" - "run_id"
     root = Path(store).resolve()
-    return policy.configure(key_storage=root / "prefect" / "cache-keys" / content_hash(str(root))[:16])
+    return ContentInputs().configure(key_storage=root / "prefect" / "cache-keys" / content_hash(str(root))[:16])
 
 
 def result_storage(store: str) -> Path:
