@@ -68,6 +68,16 @@ def ask_all(chat: Any, prompts: list[Prompt[Text]]) -> list[Any]:
         return list(pool.map(one, prompts))
 
 
+class Uncached:
+    """``complete`` straight on the batching layer (no response cache in front of it)."""
+
+    def __init__(self, chat: BatchingChatModel) -> None:
+        self.chat = chat
+
+    def complete(self, p: Prompt[Text]) -> Text:
+        return self.chat.complete_metered(p).value
+
+
 def via(server: ScriptedLLM, kind: str, op: str) -> int:
     return sum(1 for r in server.requests if r.via == kind and r.operation == op)
 
@@ -187,6 +197,42 @@ def test_a_run_killed_with_a_batch_in_flight_reattaches_instead_of_resubmitting(
     assert len(batches) == 2 and batches[1]["request_counts"]["total"] == 1  # only "fresh" was sent again
     assert via(server, "batch", BATCHED) == 6
     assert [(status, n) for _, status, n in journal.batches()] == [("collected", 5), ("collected", 1)]
+    con.close()
+
+
+def test_answers_of_a_reattached_batch_reach_requests_made_after_it_was_collected(
+    server: ScriptedLLM, chat_config: Callable[..., ChatConfig], store: Path
+) -> None:
+    """The next run may reach a dead run's requests one by one: the first re-attaches and the batch
+    is collected before the others are asked. Their answers were collected too, so they are not
+    sent (and paid for) again — and each answer is handed out once: a later re-ask is a new request."""
+    words = [f"w{n}" for n in range(4)]
+    server.batches.hold()
+    con = connect(store)
+    first = batching(server, chat_config, journal=DuckBatchJournal(con))
+    asking = threading.Thread(target=ask_all, args=(Uncached(first), [prompt(BATCHED, w) for w in words]))
+    asking.start()
+    deadline = time.monotonic() + 10
+    while not server.batches.created and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(server.batches.created) == 1
+    first.close()
+    asking.join(timeout=10)
+    con.close()
+
+    server.batches.hold(False)
+    con = connect(store)
+    journal = DuckBatchJournal(con)
+    second = batching(server, chat_config, journal=journal)  # no response cache: only the batch layer answers
+    assert second.complete_metered(prompt(BATCHED, words[0])).value.text == "W0"  # re-attached, then collected
+    assert [(status, n) for _, status, n in journal.batches()] == [("collected", 4)]
+    later = ask_all(Uncached(second), [prompt(BATCHED, w) for w in words[1:]])
+    assert [a.text for a in later] == ["W1", "W2", "W3"]
+    assert len(server.batches.created) == 1  # nothing was sent again
+    assert via(server, "batch", BATCHED) == 4
+    assert second.complete_metered(prompt(BATCHED, words[1])).value.text == "W1"
+    assert len(server.batches.created) == 2  # each collected answer is handed out once: this is a new request
+    second.close()
     con.close()
 
 

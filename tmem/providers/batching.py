@@ -103,6 +103,9 @@ class _Batch:
     batch_id: str
     waiters: dict[str, list[Future[LineResult]]] = field(default_factory=dict)  # custom id -> callers
     results: dict[str, LineResult] | None = None  # set once terminal
+    # Collected answers nobody was waiting on (a re-attached batch of a dead run carries requests
+    # this run has not reached yet): handed to the first later caller of each, then forgotten.
+    unclaimed: dict[str, LineResult] = field(default_factory=dict)
 
 
 @dataclass
@@ -224,6 +227,10 @@ class BatchingChatModel:
         for batch in self._batches.values():
             if custom_id in batch.waiters:
                 return self._wait_on(batch, custom_id)
+            if custom_id in batch.unclaimed:  # already collected (the journal says so): never ask again
+                claimed: Future[LineResult] = Future()
+                claimed.set_result(replace(batch.unclaimed.pop(custom_id), batch_id=batch.batch_id))
+                return claimed
         if self._journal is None:
             return None
         found = self._journal.in_flight(digest)
@@ -330,6 +337,7 @@ class BatchingChatModel:
                 self._batches.pop(batch.batch_id, None)  # a later request re-attaches through the journal
             else:
                 batch.results = outcome[1]
+                batch.unclaimed = {cid: r for cid, r in outcome[1].items() if cid not in waiters}
         for custom_id, futures in waiters.items():
             if outcome is None:
                 result = LineResult(custom_id, None, error=error)
