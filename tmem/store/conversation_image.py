@@ -31,6 +31,7 @@ before images existed stay readable; format-1 images are read without sections.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import zlib
 from datetime import UTC, datetime, timedelta
@@ -45,6 +46,8 @@ from tmem.errors import StoreError
 from tmem.store.conversations import turns_from_rows
 from tmem.store.image_vectors import VectorSource, encode_section
 from tmem.store.memory_rows import Rows, memory_from_rows
+
+log = logging.getLogger(__name__)
 
 IMAGE_TABLE = "conversation_images"
 IMAGE_FILE = "conversation_images.bin"
@@ -154,7 +157,8 @@ def _previous_images(previous: Path | None) -> dict[str, tuple[str, int, int, in
             f"SELECT conversation_id, source_key, byte_offset, byte_length, vector_bytes, lexical_bytes FROM {IMAGE_TABLE} "  # noqa: S608
             f"WHERE format = {IMAGE_FORMAT}"
         ).fetchall()
-    except duckdb.Error:
+    except duckdb.Error as exc:  # nothing is reused: every image is computed afresh (same result, slower)
+        log.warning("%s: cannot read the previous images' index, recomputing every image (%s)", previous, exc)
         return {}
     finally:
         prev.close()
@@ -274,9 +278,7 @@ def image_location(
 ) -> ImageLocation | None:
     """Where one conversation's image is, or ``None`` if it has none. Tables of format 1 have no
     vector column (``vector_column``: whether this one has; looked up when ``None``)."""
-    if vector_column is None:
-        vector_column = _has_vector_column(con)
-    columns = "format, byte_offset, byte_length, " + ("vector_bytes, lexical_bytes" if vector_column else "0, 0")
+    columns = _location_columns(con, vector_column)
     row = con.execute(
         f"SELECT {columns} FROM {IMAGE_TABLE} WHERE conversation_id = ?",  # noqa: S608
         [conversation_id],
@@ -286,11 +288,16 @@ def image_location(
 
 def image_locations(con: duckdb.DuckDBPyConnection, *, vector_column: bool | None = None) -> dict[str, ImageLocation]:
     """Every conversation's image location, by conversation id (the reader keeps this in memory)."""
-    if vector_column is None:
-        vector_column = _has_vector_column(con)
-    columns = "format, byte_offset, byte_length, " + ("vector_bytes, lexical_bytes" if vector_column else "0, 0")
+    columns = _location_columns(con, vector_column)
     rows = con.execute(f"SELECT conversation_id, {columns} FROM {IMAGE_TABLE}").fetchall()  # noqa: S608
     return {str(r[0]): ImageLocation(*(int(v) for v in r[1:])) for r in rows}
+
+
+def _location_columns(con: duckdb.DuckDBPyConnection, vector_column: bool | None) -> str:
+    """The SELECT list of an :class:`ImageLocation` (format-1 tables have no section columns: 0, 0)."""
+    if vector_column is None:
+        vector_column = _has_vector_column(con)
+    return "format, byte_offset, byte_length, " + ("vector_bytes, lexical_bytes" if vector_column else "0, 0")
 
 
 def _has_vector_column(con: duckdb.DuckDBPyConnection) -> bool:

@@ -202,8 +202,7 @@ class SnapshotReader:
             memory_done = time.perf_counter()
             start = where.byte_offset + where.byte_length
             if in_image:
-                data = read_bytes_at(fd, source, conversation_id, start, where.vector_bytes)
-                rows = decode_section(data, conversation_id, self.vector_table, source=source)
+                rows = self._vector_section(fd, conversation_id, where)
             vectors_done = time.perf_counter()
             if where.lexical_bytes > 0:
                 data = read_bytes_at(fd, source, conversation_id, start + where.vector_bytes, where.lexical_bytes)
@@ -214,6 +213,12 @@ class SnapshotReader:
             rows = self.read_vector_rows(conversation_id, from_lance=True)
         return ColdRead(memory, turns, rows, bm25, memory_done - started,
                         vectors_done - memory_done + time.perf_counter() - bm25_done, bm25_done - vectors_done)
+
+    def _vector_section(self, fd: int, conversation_id: str, where: ImageLocation) -> VectorSection:
+        """The vector section stored right after the conversation's document in the open image file."""
+        data = read_bytes_at(fd, self._image_source, conversation_id, where.byte_offset + where.byte_length,
+                             where.vector_bytes)
+        return decode_section(data, conversation_id, self.vector_table, source=self._image_source)
 
     @property
     def _image_source(self) -> str:
@@ -280,9 +285,7 @@ class SnapshotReader:
             where = self._locate(conversation_id)
             if where.vector_bytes > 0:
                 with self._image_file() as fd:
-                    data = read_bytes_at(fd, self._image_source, conversation_id,
-                                         where.byte_offset + where.byte_length, where.vector_bytes)
-                return decode_section(data, conversation_id, self.vector_table, source=self._image_source)
+                    return self._vector_section(fd, conversation_id, where)
         rows = self.read_vectors(conversation_id)
         if rows is None:
             return None
