@@ -43,6 +43,7 @@ from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_ba
 from tmem.domain import Memory, Turn
 from tmem.errors import LLMError, LLMOutputError
 from tmem.ids import content_hash
+from tmem.index.views import VIEWS_VERSION
 from tmem.pricing import cost_markdown, estimate_cost, price_table
 from tmem.prompts.base import prompt_versions
 from tmem.providers.journal import JournalBatch
@@ -77,7 +78,7 @@ def build_fingerprint(settings: Settings, model_name: str) -> str:
     """What makes a stage's output differ for the same input: model, prompt versions, knobs."""
     return content_hash(
         model_name, {op: v for op, v in prompt_versions().items() if op in BUILD_OPERATIONS}, settings.embedding_model, settings.segment_window, settings.topic_batch,
-        settings.trigger_batch, settings.scene_trigger_batch,
+        settings.trigger_batch, settings.scene_trigger_batch, VIEWS_VERSION,
     )
 
 
@@ -127,11 +128,17 @@ def build_conversation(store: str, run_id: str, conversation_id: str, fingerprin
     ]
     topics = c["topics"](store, run_id, conversation_id, scenes, fingerprint)
     scene_by_id = {s.scene_id: s for s in scenes}
+    titles_of_scene: dict[str, list[tuple[str, str]]] = {}
+    for topic in topics:
+        for sid in topic.scene_ids:
+            titles_of_scene.setdefault(sid, []).append((topic.topic_id, topic.title))
     item_futs = []
     for topic in topics:
         members = [scene_by_id[sid] for sid in topic.scene_ids]
         member_turns = [by_id[t] for s in members for t in s.turn_ids]
-        item_futs.append(c["items"].submit(store, run_id, conversation_id, topic, members, member_turns, fingerprint))
+        others = {sid: [title for tid, title in titles_of_scene[sid] if tid != topic.topic_id] for sid in topic.scene_ids}
+        item_futs.append(c["items"].submit(store, run_id, conversation_id, topic, members, member_turns,
+                                           {sid: t for sid, t in others.items() if t}, fingerprint))
     items = dedupe_items(f.result() for f in item_futs)
     scene_seq = {s.scene_id: s.seq for s in scenes}
     item_trig_futs = [

@@ -47,10 +47,11 @@ def admit_scene_topics(store: str, run_id: str, conversation_id: str, scenes: Se
       retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S)
 def extract_topic_items(
     store: str, run_id: str, conversation_id: str, topic: Topic, scenes: Sequence[Scene], turns: Sequence[Turn],
-    fingerprint: str,
+    other_topics: dict[str, list[str]], fingerprint: str,
 ) -> list[Item]:
     b = bundle(store, run_id)
-    return extract_items(conversation_id, topic, list(scenes), {t.turn_id: t for t in turns}, b.chat)
+    return extract_items(conversation_id, topic, list(scenes), {t.turn_id: t for t in turns}, b.chat,
+                         other_topics=other_topics)
 
 
 @task(name="item-triggers", task_run_name="item-triggers/{conversation_id}/{batch_no}", tags=[LLM_TAG, "stage:item-triggers"],

@@ -75,6 +75,10 @@ class HashEmbedder:
     def dim(self) -> int:
         return self._dim
 
+    @property
+    def max_input_tokens(self) -> int | None:
+        return None  # no input limit: dialogue views stay whole
+
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         self.calls += 1
         self.texts += len(texts)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -48,7 +48,7 @@ def build_topic(scene_count: int) -> tuple[Topic, list[Scene], dict[str, Turn]]:
 def item(
     kind: str, sources: list[str], date: str | None = "2023-05-07", content: str = "Ana adopted a puppy."
 ) -> dict[str, Any]:
-    return {"kind": kind, "content": content, "sources": sources, "date": date, "keywords": ["puppy", "Puppy"]}
+    return {"kind": kind, "content": content, "sources": sources, "when": date, "keywords": ["puppy", "Puppy"]}
 
 
 def test_one_call_per_topic_atomic_and_connected_from_synth() -> None:
@@ -124,6 +124,51 @@ def test_event_time_from_the_model_else_from_the_latest_source_scene() -> None:
     fallback = {by_content[c].item_id for c in ("undated", "vague", "impossible")}
     assert result.dated_from_scene == fallback
     assert by_content["dated"].keywords == ("puppy",)  # case-insensitively unique
+
+
+def test_event_time_at_the_precision_the_dialogue_gives() -> None:
+    """A month, a year or a span is kept as such (never a made-up day), with the dialogue's words."""
+    topic, scenes, turns = build_topic(2)
+    answer = {"items": [
+        {**item("atomic", ["S1"], "2023-04", content="month"), "when_phrase": "last month"},
+        {**item("atomic", ["S1"], "2021", content="year"), "when_phrase": "two years ago"},
+        {**item("atomic", ["S1"], "2023-05-01/2023-05-07", content="span"), "when_phrase": "last week"},
+        {**item("atomic", ["S1"], "2023-05-09/2023-05-01", content="backwards")},
+    ]}
+    result = extract_items_detailed("conv-t", topic, scenes, turns, FakeChatModel({"item_extract": replies(answer)}))
+    got = {i.content: i for i in result.items}
+    assert (got["month"].event_time, got["month"].time_granularity, got["month"].time_phrase) == (
+        datetime(2023, 4, 1, tzinfo=UTC), "month", "last month")
+    assert (got["year"].event_time, got["year"].time_granularity) == (datetime(2021, 1, 1, tzinfo=UTC), "year")
+    assert (got["span"].event_time, got["span"].event_end, got["span"].time_granularity) == (
+        datetime(2023, 5, 1, tzinfo=UTC), datetime(2023, 5, 7, tzinfo=UTC), "span")
+    assert got["span"].time_source == "stated"
+    assert got["backwards"].time_source == "scene"  # an end before its start is not a time
+
+
+def test_a_fact_without_a_time_is_dated_by_the_turn_that_says_it() -> None:
+    """A scene spanning weeks: the fact said in its last session gets that day, not the scene's start."""
+    topic, scenes, turns = build_topic(1)
+    ids = list(scenes[0].turn_ids)
+    late = turns[ids[-1]].model_copy(update={"event_time": turns[ids[0]].event_time + timedelta(days=17)})
+    turns = {**turns, late.turn_id: late}
+    answer = {"items": [
+        {**item("atomic", ["S1"], None, content="said late"), "said_in": late.turn_id},
+        {**item("atomic", ["S1"], None, content="said elsewhere"), "said_in": "D99:1"},  # not a turn of the scene
+    ]}
+    result = extract_items_detailed("conv-t", topic, scenes, turns, FakeChatModel({"item_extract": replies(answer)}))
+    got = {i.content: i for i in result.items}
+    assert got["said late"].event_time.date() == late.event_time.date() and got["said late"].time_source == "said"
+    assert got["said elsewhere"].event_time == scenes[0].start_time and got["said elsewhere"].time_source == "scene"
+    assert result.dated_from_scene == {got["said elsewhere"].item_id}
+
+
+def test_the_scene_s_other_topics_are_named_in_the_request() -> None:
+    topic, scenes, turns = build_topic(2)
+    chat = FakeChatModel()
+    extract_items("conv-t", topic, scenes, turns, chat, other_topics={scenes[1].scene_id: ["Ben's new job"]})
+    sent = chat.calls[0].input["scenes"]
+    assert [s.get("other_topics", []) for s in sent] == [[], ["Ben's new job"]]
 
 
 def test_large_topics_are_read_in_bounded_chunks() -> None:

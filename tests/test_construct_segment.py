@@ -163,3 +163,27 @@ def test_any_valid_boundary_answers_partition_the_turns(
     assert chat.count("scene_boundaries") == math.ceil(len(turns) / window)
     packed_by_boundary = sum(len(json.loads(c.content)["closed"]) for c in chat.of("scene_boundaries"))
     assert chat.count("scene_pack") == math.ceil((len(scenes) - packed_by_boundary) / 3)
+
+
+def test_the_open_scene_can_close_at_its_own_last_turn() -> None:
+    """A finished exchange left open by the previous window is not glued to the next matter."""
+    turns = dialogue(sessions=(2, 6))  # D1:1-2 a short exchange, then a session about something else
+    wait = {"closed": []}
+    chat = FakeChatModel({"scene_boundaries": replies(
+        wait,  # D1:1-2: the model waits (the exchange might go on)
+        {"closed": [{"last_turn": "D1:2", **PACK}]},  # D2:1-2 start something else: close the open scene as it is
+        wait,  # D2:3-4
+        {"closed": [{"last_turn": "D2:6", **PACK}]},  # final
+    )})
+    scenes = segment("conv-t", turns, chat, window=2)
+    assert [s.turn_ids for s in scenes] == [("D1:1", "D1:2"), ("D2:1", "D2:2", "D2:3", "D2:4", "D2:5", "D2:6")]
+    assert chat.count("scene_boundaries") == 4
+
+
+def test_a_close_inside_the_open_scene_names_what_is_allowed() -> None:
+    turns = dialogue(sessions=(3, 2))
+    chat = FakeChatModel({"scene_boundaries": replies(
+        {"closed": []}, {"closed": [{"last_turn": "D1:2", **PACK}]}, {"closed": [{"last_turn": "D1:2", **PACK}]}
+    )})
+    with pytest.raises(ValidationFailure, match="open scene's last turn 'D1:3'"):
+        segment("conv-t", turns, chat, window=3)

@@ -54,6 +54,10 @@ class CountingEmbedder:
     def dim(self) -> int:
         return self.inner.dim
 
+    @property
+    def max_input_tokens(self) -> int | None:
+        return None  # no input limit: dialogue views stay whole
+
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         self.calls.append(list(texts))
         return self.inner.embed(texts)
@@ -77,6 +81,10 @@ class HashEmbedder:
     @property
     def dim(self) -> int:
         return self._dim
+
+    @property
+    def max_input_tokens(self) -> int | None:
+        return None  # no input limit: dialogue views stay whole
 
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         rows = []

@@ -332,6 +332,24 @@ def test_stitched_archives_ingest(tiny: tuple[Path, Path], tmp_path: Path) -> No
     assert stored[3].text == "I broke my leg skiing." and stored[3].session_id == "session_2"
 
 
+def test_cue_dialogue_with_the_reply_inline_is_split(tmp_path: Path) -> None:
+    locomo = _tiny_locomo(tmp_path / "locomo.json")
+    plus = tmp_path / "plus.json"
+    plus.write_text(json.dumps([
+        _item("A: I fixed the fence after the storm.\\nB: Great timing.", "A: Storm again!", "two weeks later"),
+        _item("A: I sold my car, and I bike now. B: That saves money.", "A: Rain today...", "two weeks later"),
+        _item("A: Plan B: ask again.\nB: Good idea.", "A: They said no.", "two weeks later"),
+    ]))
+    stitched, report = stitch_all(locomo, plus)
+    assert [[(t.speaker, t.text) for t in s.cue_turns] for s in stitched] == [
+        [("Ann", "I fixed the fence after the storm."), ("Bob", "Great timing.")],
+        [("Cy", "I sold my car, and I bike now."), ("Di", "That saves money.")],
+        [("Ann", "Plan B: ask again."), ("Bob", "Good idea.")],  # "Plan B:" is not a speaker
+    ]
+    assert report.count("dialogue_literal_newline") == 1 and report.count("dialogue_inline_speaker") == 1
+    assert report.count("cue_one_speaker") == 0
+
+
 # --------------------------------------------------------------------------- stitching, the real files
 
 
@@ -343,8 +361,10 @@ def plus_real() -> tuple[list[StitchedConversation], Any]:
 def test_real_plus_stitching(plus_real: tuple[list[StitchedConversation], Any]) -> None:
     stitched, report = plus_real
     assert len(stitched) == 401
-    assert report.counts == {"cue_before_first_session": 29, "cue_one_speaker": 44, "cue_shifted": 18,
-                             "duplicate_cue": 7, "time_gap_vague": 15}
+    # 44 cues wrote the second speaker's reply inline (31 after a literal backslash-n, 13 after the
+    # first sentence): split, counted, and no cue is left with one speaker (it was 44 before the split).
+    assert report.counts == {"cue_before_first_session": 29, "cue_shifted": 18, "dialogue_inline_speaker": 13,
+                             "dialogue_literal_newline": 31, "duplicate_cue": 7, "time_gap_vague": 15}
     hosts = [s.host_id for s in stitched]
     order = ["conv-26", "conv-30", "conv-41", "conv-42", "conv-43", "conv-44", "conv-47", "conv-48", "conv-49", "conv-50"]
     assert hosts == [order[i % 10] for i in range(401)]
@@ -355,7 +375,12 @@ def test_real_plus_stitching(plus_real: tuple[list[StitchedConversation], Any]) 
         before = [t for t in conv.host.turns if conv.position and t.session_id == sessions[conv.position - 1].session_id]
         assert not before or conv.cue_turns[0].event_time > before[-1].event_time, conv.conversation_id
         assert conv.position == len(sessions) or conv.cue_turns[-1].event_time < sessions[conv.position].started_at
-        assert [t.text for t in conv.cue_turns] == [line[2:].strip() for line in items[i]["cue_dialogue"].split("\n")]
+        lines = re.split(r"\n|\\n|(?<=[.!?…\"'”’)])\s+(?=B:\s)", items[i]["cue_dialogue"])
+        assert [(t.speaker, t.text) for t in conv.cue_turns] == [
+            (conv.speakers[0] if line.strip().startswith("A:") else conv.speakers[1], line.strip()[2:].strip())
+            for line in lines if line.strip()
+        ]
+        assert len({t.speaker for t in conv.cue_turns}) == 2
         assert conv.example.question == items[i]["trigger_query"][2:].strip()
         assert datetime.fromisoformat(conv.example.question_date or "") > conv.host.turns[-1].event_time
     for conv in stitched[::40]:  # materialised archives: non-decreasing times, cue ids name the cue turns

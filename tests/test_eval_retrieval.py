@@ -149,6 +149,10 @@ class TableEmbedder:
     def dim(self) -> int:
         return len(self.TOPICS) + 1
 
+    @property
+    def max_input_tokens(self) -> int | None:
+        return None  # no input limit: dialogue views stay whole
+
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         self.texts += texts
         out = np.zeros((len(texts), self.dim), dtype=np.float32)

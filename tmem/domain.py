@@ -13,6 +13,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 ItemKind = Literal["atomic", "connected"]
+TimeGranularity = Literal["day", "month", "year", "span"]
+"""How precisely the dialogue placed an item in time: a day, a month, a year, or a span of days."""
+TimeSource = Literal["stated", "said", "scene"]
+"""Where an item's time came from: ``stated`` resolved from the dialogue's words; ``said`` the day of
+the turn that says it (the dialogue gives no time of its own); ``scene`` its source scene's start, a
+fallback shown as approximate."""
 HorizonChannel = Literal["personal_arc", "avoidance_habit", "goal_arc", "belief_in_action", "legacy_anchor"]
 HORIZON_CHANNELS: tuple[HorizonChannel, ...] = (
     "personal_arc",
@@ -105,8 +111,23 @@ class Topic(Frozen):
         return f"{self.title}. {self.title}. {', '.join(self.keywords)}"
 
 
+class ItemTime(Frozen):
+    """When an item happened, as precisely as the dialogue said (see :class:`Item`)."""
+
+    start: datetime | None
+    end: datetime | None = None
+    granularity: TimeGranularity = "day"
+    phrase: str = ""
+    source: TimeSource = "stated"
+
+
 class Item(Frozen):
-    """An atomic (one source scene) or connected (several scenes of a topic) fact."""
+    """An atomic (one source scene) or connected (several scenes of a topic) fact.
+
+    ``event_time`` is when it happened: the start of the day, month, year or span
+    (``time_granularity``) that the dialogue gave, ``event_end`` the last day of a span;
+    ``time_phrase`` keeps the dialogue's words ("last week"); ``time_source`` says how it was found.
+    """
 
     conversation_id: str
     item_id: str
@@ -116,6 +137,15 @@ class Item(Frozen):
     source_scene_ids: tuple[str, ...]
     event_time: datetime | None
     keywords: tuple[str, ...]
+    event_end: datetime | None = None
+    time_granularity: TimeGranularity = "day"
+    time_phrase: str = ""
+    time_source: TimeSource = "stated"
+
+    @property
+    def time(self) -> ItemTime:
+        return ItemTime(start=self.event_time, end=self.event_end, granularity=self.time_granularity,
+                        phrase=self.time_phrase, source=self.time_source)
 
 
 class BridgeTrigger(Frozen):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -89,6 +90,51 @@ def unique_phrases(phrases: Iterable[str], limit: int | None = None) -> tuple[st
 
 
 _ISO_DATE = re.compile(r"^\s*(\d{4})-(\d{2})-(\d{2})")
+_WHEN_DAY = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ][\d:.]+)?")
+_WHEN_MONTH = re.compile(r"(\d{4})-(\d{2})")
+_WHEN_YEAR = re.compile(r"(\d{4})")
+
+
+@dataclass(frozen=True)
+class ModelTime:
+    """A time expression of a model's answer: start (and end of a span) at a granularity."""
+
+    start: datetime
+    end: datetime | None
+    granularity: Literal["day", "month", "year", "span"]
+
+
+def _day(match: re.Match[str], like: datetime) -> datetime | None:
+    try:
+        return datetime(int(match[1]), int(match[2]), int(match[3]), tzinfo=like.tzinfo)
+    except ValueError:
+        return None
+
+
+def parse_model_when(value: str | None, like: datetime) -> ModelTime | None:
+    """``YYYY-MM-DD`` (a day), ``YYYY-MM`` (a month), ``YYYY`` (a year) or ``START/END`` (a span of
+    days, in order; equal ends read as the day) in ``like``'s time zone; ``None`` when absent or
+    not a real time."""
+    text = (value or "").strip()
+    if not text:
+        return None
+    if "/" in text:
+        first, _, last = (part.strip() for part in text.partition("/"))
+        a, b = _WHEN_DAY.fullmatch(first), _WHEN_DAY.fullmatch(last)
+        start, end = (_day(a, like) if a else None), (_day(b, like) if b else None)
+        if start is None or end is None or end < start:
+            return None
+        return ModelTime(start, None, "day") if end == start else ModelTime(start, end, "span")
+    if (day := _WHEN_DAY.fullmatch(text)) is not None:
+        parsed = _day(day, like)
+        return ModelTime(parsed, None, "day") if parsed else None
+    if (month := _WHEN_MONTH.fullmatch(text)) is not None:
+        if not 1 <= int(month[2]) <= 12:
+            return None
+        return ModelTime(datetime(int(month[1]), int(month[2]), 1, tzinfo=like.tzinfo), None, "month")
+    if (year := _WHEN_YEAR.fullmatch(text)) is not None:
+        return ModelTime(datetime(int(year[1]), 1, 1, tzinfo=like.tzinfo), None, "year")
+    return None
 
 
 def parse_model_date(value: str | None, like: datetime) -> datetime | None:

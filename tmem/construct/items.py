@@ -7,10 +7,16 @@ prompt stays bounded; connected items then link scenes within a chunk.
 Checks (re-asked once with the reason, then :class:`ValidationFailure`): every source ref is a
 scene of the topic; an atomic item has exactly one source, a connected item two or more.
 
-Event time: the model's ``YYYY-MM-DD`` when it is a real date. Otherwise (null or unparseable)
-the item falls back to its source scenes' time (the latest source scene's start) and its id is
-listed in :attr:`ExtractedItems.dated_from_scene`, so the fallback is never mistaken for a
-date the dialogue gave.
+Event time, in order of preference:
+
+1. the model's ``when`` (a day, a month, a year or a span of days, :func:`parse_model_when`),
+   with the dialogue's words for it (``when_phrase``): ``time_source = "stated"``;
+2. else the day of the turn that says the fact (``said_in``, a turn of the item's source
+   scenes): ``"said"``, so a fact told on the last day of a scene spanning weeks is dated by
+   that day, not the scene's start;
+3. else the latest source scene's start: ``"scene"``, shown as approximate; its id is listed in
+   :attr:`ExtractedItems.dated_from_scene`, so the fallback is never mistaken for a date the
+   dialogue gave.
 """
 
 from __future__ import annotations
@@ -25,10 +31,10 @@ from tmem.construct.common import (
     batched,
     clean,
     local_refs,
-    parse_model_date,
+    parse_model_when,
     unique_phrases,
 )
-from tmem.domain import Item, Scene, Topic, Turn
+from tmem.domain import Item, Scene, TimeGranularity, TimeSource, Topic, Turn
 from tmem.ids import content_id
 from tmem.prompts import item_extract
 from tmem.prompts.common import dialogue_blocks
@@ -57,11 +63,14 @@ def extract_items(
     *,
     max_scenes: int = MAX_SCENES_PER_CALL,
     reasks: int = DEFAULT_REASKS,
+    other_topics: Mapping[str, Sequence[str]] | None = None,
 ) -> list[Item]:
-    """The topic's items, in answer order, without duplicates."""
+    """The topic's items, in answer order, without duplicates. ``other_topics``: scene id → titles of
+    the other topics the scene belongs to (their facts are extracted with them)."""
     return list(
         extract_items_detailed(
-            conversation_id, topic, scenes_of_topic, turns_by_id, chat, max_scenes=max_scenes, reasks=reasks
+            conversation_id, topic, scenes_of_topic, turns_by_id, chat, max_scenes=max_scenes, reasks=reasks,
+            other_topics=other_topics,
         ).items
     )
 
@@ -75,6 +84,7 @@ def extract_items_detailed(
     *,
     max_scenes: int = MAX_SCENES_PER_CALL,
     reasks: int = DEFAULT_REASKS,
+    other_topics: Mapping[str, Sequence[str]] | None = None,
 ) -> ExtractedItems:
     """As :func:`extract_items`, also telling which event times fell back to the scene's time."""
     if topic.conversation_id != conversation_id:
@@ -86,7 +96,7 @@ def extract_items_detailed(
     items: dict[str, Item] = {}
     from_scene: set[str] = set()
     for chunk in batched(ordered, max_scenes):
-        for item, fallback in _extract_chunk(conversation_id, topic, chunk, turns_by_id, chat, reasks):
+        for item, fallback in _extract_chunk(conversation_id, topic, chunk, turns_by_id, chat, reasks, other_topics or {}):
             if item.item_id not in items:
                 items[item.item_id] = item
                 if fallback:
@@ -101,6 +111,7 @@ def _extract_chunk(
     turns_by_id: Mapping[str, Turn],
     chat: ChatModel,
     reasks: int,
+    other_topics: Mapping[str, Sequence[str]],
 ) -> list[tuple[Item, bool]]:
     refs = local_refs("S", scenes)
     payload = item_extract.ExtractInput(
@@ -108,19 +119,23 @@ def _extract_chunk(
         topic_id=topic.topic_id,
         topic=topic.title,
         scenes=[
-            item_extract.TopicScene(ref=ref, title=scene.title, dialogue=dialogue_blocks(_turns(scene, turns_by_id)))
+            item_extract.TopicScene(
+                ref=ref, title=scene.title, other_topics=list(other_topics.get(scene.scene_id, ())) or None,
+                dialogue=dialogue_blocks(_turns(scene, turns_by_id)),
+            )
             for ref, scene in refs.items()
         ],
     )
 
     def check(answer: item_extract.ExtractResponse) -> list[tuple[Item, bool]]:
-        return [_item(conversation_id, topic, refs, raw, chat.model_name) for raw in answer.items]
+        return [_item(conversation_id, topic, refs, raw, chat.model_name, turns_by_id) for raw in answer.items]
 
     return ask_checked(chat, item_extract.build, payload, check, reasks=reasks)
 
 
 def _item(
-    conversation_id: str, topic: Topic, refs: Mapping[str, Scene], raw: item_extract.ExtractedItem, model_name: str
+    conversation_id: str, topic: Topic, refs: Mapping[str, Scene], raw: item_extract.ExtractedItem, model_name: str,
+    turns_by_id: Mapping[str, Turn],
 ) -> tuple[Item, bool]:
     content = clean(raw.content)
     if not content:
@@ -135,8 +150,19 @@ def _item(
         raise Rejected(f"connected item {content[:60]!r} must have two or more source scenes, has {source_refs}.")
     sources = [refs[ref] for ref in source_refs]
     latest = max(sources, key=lambda s: s.start_time)
-    event_time = parse_model_date(raw.date, like=latest.start_time)
     source_ids = tuple(s.scene_id for s in sources)
+    stated = parse_model_when(raw.when, like=latest.start_time)
+    said = clean(raw.said_in or "")
+    said_turn = turns_by_id.get(said) if any(said in s.turn_ids for s in sources) else None
+    source: TimeSource
+    granularity: TimeGranularity
+    if stated is not None:
+        start, end, granularity, source = stated.start, stated.end, stated.granularity, "stated"
+    elif said_turn is not None:
+        day = said_turn.event_time.replace(hour=0, minute=0, second=0, microsecond=0)
+        start, end, granularity, source = day, None, "day", "said"
+    else:
+        start, end, granularity, source = latest.start_time, None, "day", "scene"
     item = Item(
         conversation_id=conversation_id,
         item_id=item_id(conversation_id, content, source_ids, model_name),
@@ -144,10 +170,14 @@ def _item(
         kind=raw.kind,
         content=content,
         source_scene_ids=source_ids,
-        event_time=event_time or latest.start_time,
+        event_time=start,
+        event_end=end,
+        time_granularity=granularity,
+        time_phrase=clean(raw.when_phrase) if stated is not None else "",
+        time_source=source,
         keywords=unique_phrases(raw.keywords, limit=MAX_ITEM_KEYWORDS),
     )
-    return item, event_time is None
+    return item, source == "scene"
 
 
 def _turns(scene: Scene, turns_by_id: Mapping[str, Turn]) -> list[Turn]:

@@ -77,7 +77,9 @@ def segment(
         closes = _ask_boundaries(conversation_id, open_scene, new, final, chat, reasks)
         taken = 0
         for last, pack in closes:
-            spans.append(_Span(tuple(open_scene + new[taken : last + 1]), pack))
+            span = tuple(open_scene + new[taken : last + 1])
+            if span:  # a close at the open scene's last turn with nothing open is no scene
+                spans.append(_Span(span, pack))
             open_scene, taken = [], last + 1
         open_scene += new[taken:]
         while len(open_scene) > max_scene_turns:  # runaway guard
@@ -102,7 +104,8 @@ def _pack(title: str, summary: str, narrative: str) -> _Pack:
 def _ask_boundaries(
     conversation_id: str, open_scene: list[Turn], new: list[Turn], final: bool, chat: ChatModel, reasks: int
 ) -> list[tuple[int, _Pack]]:
-    """(index in ``new`` of each closing turn, its description), in order."""
+    """(index in ``new`` of each closing turn, its description), in order; index -1 closes the open
+    scene at its own last turn (nothing of ``new`` joins it)."""
     position = {t.turn_id: i for i, t in enumerate(new)}
     open_ids = {t.turn_id for t in open_scene}
     payload = scene_boundaries.BoundaryInput(
@@ -112,15 +115,24 @@ def _ask_boundaries(
         final=final,
     )
 
+    last_open = open_scene[-1].turn_id if open_scene else None
+
     def check(answer: scene_boundaries.BoundaryResponse) -> list[tuple[int, _Pack]]:
         closes: list[tuple[int, _Pack]] = []
         for scene in answer.closed:
             turn_id = clean(scene.last_turn)
+            if turn_id == last_open:  # the open scene was finished already: it closes as it is
+                closes.append((-1, _pack(scene.title, scene.summary, scene.narrative)))
+                continue
             if turn_id in open_ids:
-                raise Rejected(f"last_turn {turn_id!r} is a turn of the open scene; a scene closes at a new turn.")
+                raise Rejected(
+                    f"last_turn {turn_id!r} is inside the open scene; a scene closes at the open scene's last turn "
+                    f"{last_open!r} or at a new turn."
+                )
             if turn_id not in position:
                 raise Rejected(
-                    f"last_turn {turn_id!r} is not one of the new turns {new[0].turn_id}..{new[-1].turn_id}."
+                    f"last_turn {turn_id!r} is not one of the new turns {new[0].turn_id}..{new[-1].turn_id}"
+                    + (f" nor the open scene's last turn {last_open!r}." if last_open else ".")
                 )
             closes.append((position[turn_id], _pack(scene.title, scene.summary, scene.narrative)))
         closes.sort(key=lambda close: close[0])

@@ -228,7 +228,8 @@ def item_extract(operation: str, request_json: dict[str, Any]) -> str:
                     "kind": "atomic",
                     "content": third_person(sentence, turn.speaker),
                     "sources": [scene["ref"]],
-                    "date": _day(turn.date),
+                    "said_in": turn.id,
+                    "when": _day(turn.date),
                     "keywords": top_words([sentence], 4, exclude=[turn.speaker]) or [turn.speaker],
                 }
             )
@@ -244,7 +245,8 @@ def item_extract(operation: str, request_json: dict[str, Any]) -> str:
                 "content": f"{speaker} came back to {subject} on {_day(after[0].date)}, "
                 f"after talking about it on {_day(before[0].date)}.",
                 "sources": [data["scenes"][index]["ref"], data["scenes"][index + 1]["ref"]],
-                "date": _day(after[0].date),
+                "said_in": after[0].id,
+                "when": _day(after[0].date),
                 "keywords": shared[:4] or [speaker],
             }
         )

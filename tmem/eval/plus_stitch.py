@@ -170,22 +170,38 @@ def read_plus_items(path: Path) -> list[PlusItem]:
     return items
 
 
+# A second speaker written inline: "… A-text. B: reply" (a speaker marker after the end of a sentence).
+_INLINE_SPEAKER = re.compile(r"(?<=[.!?…\"'”’)])\s+(?=[AB]:\s)")
+_LITERAL_NEWLINE = "\\n"  # a backslash and an n, written where a line break was meant
+
+
 def dialogue_lines(text: str, speakers: Sequence[str], ref: str, log: DefectLog) -> list[tuple[str, str]]:
     """``"A: …\\nB: …"`` → ``[(speaker name, text), …]``; A → ``speakers[0]``, B → ``speakers[1]``.
-    A line without a prefix continues the previous line (counted ``dialogue_line_unprefixed``)."""
+
+    Two data defects are repaired and counted: a literal backslash-n written for a line break
+    (``dialogue_literal_newline``) and a second speaker's turn written inline after the first's
+    sentence, ``"… done. B: reply"`` (``dialogue_inline_speaker``). A line without a prefix
+    continues the previous line (counted ``dialogue_line_unprefixed``)."""
+    if _LITERAL_NEWLINE in text:
+        log.note("dialogue_literal_newline", f"{ref} {text[:40]!r}")
+        text = text.replace(_LITERAL_NEWLINE, "\n")
     out: list[tuple[str, str]] = []
-    for line in text.split("\n"):
-        line = line.strip()
-        if not line:
-            continue
-        if line[:2] in ("A:", "B:"):
-            out.append((speakers[0] if line[0] == "A" else speakers[1], line[2:].strip()))
-        elif out:
-            log.note("dialogue_line_unprefixed", f"{ref} {line[:40]!r}")
-            out[-1] = (out[-1][0], f"{out[-1][1]} {line}")
-        else:
-            log.note("dialogue_line_unprefixed", f"{ref} {line[:40]!r}")
-            out.append((speakers[0], line))
+    for raw_line in text.split("\n"):
+        parts = _INLINE_SPEAKER.split(raw_line.strip())
+        if len(parts) > 1:
+            log.note("dialogue_inline_speaker", f"{ref} {raw_line.strip()[:40]!r}")
+        for line in parts:
+            line = line.strip()
+            if not line:
+                continue
+            if line[:2] in ("A:", "B:"):
+                out.append((speakers[0] if line[0] == "A" else speakers[1], line[2:].strip()))
+            elif out:
+                log.note("dialogue_line_unprefixed", f"{ref} {line[:40]!r}")
+                out[-1] = (out[-1][0], f"{out[-1][1]} {line}")
+            else:
+                log.note("dialogue_line_unprefixed", f"{ref} {line[:40]!r}")
+                out.append((speakers[0], line))
     return [(s, t) for s, t in out if t]
 
 

@@ -25,10 +25,13 @@ from tmem.retrieval.index import ConversationIndex
 class TmemSearcher:
     """Runs the cascade of one preset on a pinned snapshot, memoising results per (qid, k)."""
 
-    def __init__(self, memory: Memory, preset: str, vectors: VectorMemo, *, budget_k: int = 20) -> None:
+    def __init__(
+        self, memory: Memory, preset: str, vectors: VectorMemo, *, budget_k: int = 20,
+        config: RetrievalConfig | None = None,
+    ) -> None:
         self.snapshot: MemorySnapshot = memory.snapshot()
         self.preset = preset
-        self.base: RetrievalConfig = memory.config(preset)
+        self.base: RetrievalConfig = config if config is not None else memory.config(preset)
         self.vectors = vectors
         self.budget_k = budget_k
         self._results: dict[tuple[str, int], SearchResult] = {}

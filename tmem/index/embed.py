@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tmem.domain import Memory, Turn
-from tmem.index.views import memory_views
+from tmem.index.views import memory_views, word_budget
 from tmem.providers.base import Embedder
 from tmem.store.lance import VectorRow
 
 
 def embed_memory_views(memory: Memory, turns_by_id: Mapping[str, Turn], embedder: Embedder) -> list[VectorRow]:
-    """One L2-normalised vector per view text, in :func:`memory_views` order."""
-    views = memory_views(memory, turns_by_id)
+    """One L2-normalised vector per view text, in :func:`memory_views` order; dialogue views are
+    chunked to fit the embedder's input."""
+    views = memory_views(memory, turns_by_id, dialogue_words=word_budget(embedder.max_input_tokens))
     matrix = embedder.embed([v.text for v in views])
     return [
         VectorRow(

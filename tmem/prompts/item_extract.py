@@ -10,12 +10,15 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import DialogueBlock, assemble
 
 OPERATION = "item_extract"
-VERSION = "1"
+VERSION = "2"
 
 
 class TopicScene(BaseModel):
     ref: str
     title: str
+    other_topics: list[str] | None = Field(
+        default=None, description="Titles of the other topics this scene also belongs to (omitted when none)."
+    )
     dialogue: list[DialogueBlock]
 
 
@@ -26,6 +29,15 @@ class ExtractInput(BaseModel):
     scenes: list[TopicScene]
 
 
+WHEN_HELP = (
+    "When it happened (or began to hold), resolved from the date of the turn that says it, as precisely "
+    "as the dialogue allows and no more: a day YYYY-MM-DD ('yesterday' said on 2023-05-08 → 2023-05-07), "
+    "a month YYYY-MM ('last month'), a year YYYY ('two years ago'), or a span START/END of two days "
+    "('last week' said on Mon 2023-05-08 → 2023-05-01/2023-05-07; 'from 10 to 27 June'). Never make up a "
+    "day the dialogue does not give. Null when the dialogue does not place it in time."
+)
+
+
 class ExtractedItem(BaseModel):
     kind: Literal["atomic", "connected"] = Field(
         description="atomic: a fact from one scene. connected: a link that needs two or more scenes together."
@@ -33,19 +45,21 @@ class ExtractedItem(BaseModel):
     content: str = Field(
         min_length=1,
         description=(
-            "One self-contained sentence in the third person with full names, no pronouns without "
-            "a referent, and the absolute date when one is known."
+            "One self-contained sentence in the third person naming people as the chat names them, no "
+            "pronoun without its referent, and the time when one is known."
         ),
     )
     sources: list[str] = Field(
         min_length=1, description="Refs of the source scenes: exactly one for atomic, two or more for connected."
     )
-    date: str | None = Field(
-        default=None,
-        description=(
-            "When it happened as YYYY-MM-DD, resolved from the turn dates (e.g. 'yesterday' said on "
-            "2023-05-08 gives 2023-05-07); null when the dialogue does not tell."
-        ),
+    said_in: str | None = Field(
+        default=None, description="Id of the turn that states the fact (e.g. 'D3:7'); for a connected item, the latest."
+    )
+    when: str | None = Field(default=None, description=WHEN_HELP)
+    when_phrase: str = Field(
+        default="",
+        description="The dialogue's own words that place it in time ('last week', 'a few weeks before the "
+        "wedding'); empty when it is the day of the turn or no time is given.",
     )
     keywords: list[str] = Field(description="Two to six keywords of the fact.")
 
@@ -61,9 +75,14 @@ SYSTEM = (
     "scenes, each with dated dialogue. Write the facts someone would need later to answer "
     "questions about the speakers: events, plans, decisions, possessions, people, places, "
     "feelings and their reasons. An atomic item states one fact from one scene. A connected item "
-    "states what only several scenes show together: a change over time, a cause and its "
-    "consequence, a plan and its outcome, a repeated habit. Every item names its source scenes. "
-    "Skip greetings and small talk; do not repeat the same fact twice."
+    "states only what several scenes show together: a change over time, a cause and its "
+    "consequence, a plan and its outcome, a repeated habit; it never restates one atomic item. "
+    "Every item names its source scenes and the turn that says it. A scene may also belong to "
+    "other topics (listed with it): its facts about those are extracted with them, not here; "
+    "extract every other fact worth remembering. Time matters: a fact is dated by when it "
+    "happened, resolved from the date of the turn that says it (a fact said on the last day of a "
+    "long scene is dated from that day), at the precision the dialogue gives. Skip greetings and "
+    "small talk; state each fact once."
 )
 
 TASK = "Extract the atomic and connected items of this topic."
@@ -74,14 +93,27 @@ EXAMPLE = {
             "kind": "atomic",
             "content": "Ana signed up for a pottery class on 2 March 2022.",
             "sources": ["S1"],
-            "date": "2022-03-02",
+            "said_in": "D1:4",
+            "when": "2022-03-02",
+            "when_phrase": "",
             "keywords": ["Ana", "pottery class"],
+        },
+        {
+            "kind": "atomic",
+            "content": "Ana visited her grandmother in Porto in the week before 2 March 2022.",
+            "sources": ["S1"],
+            "said_in": "D1:6",
+            "when": "2022-02-21/2022-02-27",
+            "when_phrase": "last week",
+            "keywords": ["Ana", "grandmother", "Porto"],
         },
         {
             "kind": "connected",
             "content": "Ana's pottery class, begun in March 2022, led to her first sold bowl in June 2022.",
             "sources": ["S1", "S3"],
-            "date": "2022-06-10",
+            "said_in": "D5:2",
+            "when": "2022-06",
+            "when_phrase": "this month",
             "keywords": ["Ana", "pottery", "bowl sale"],
         },
     ]

@@ -8,7 +8,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import assemble
 
 OPERATION = "item_triggers"
-VERSION = "1"
+VERSION = "2"
 
 
 class ItemView(BaseModel):
@@ -50,9 +50,11 @@ SYSTEM = (
     "You add recall cues to remembered facts so that they come to mind at the right moment later. "
     "For each item give two kinds of cue. Entity cues name the general kinds of thing the item is "
     "about, so a question phrased in general terms finds it. Bridge cues describe future "
-    "situations in which the item would matter although the situation shares no words with it; "
-    "they are imagined future moments, not claims about what happened. Each bridge carries a "
-    "short reason."
+    "situations in which the item would matter although the situation shares few words with it. "
+    "A bridge is an imagined later moment, not a claim about what happened, so its particulars "
+    "may be invented as long as the moment is a plausible one for this person; only the item "
+    "itself must be true. Write the situation as the person might describe it then. Each bridge "
+    "carries a short reason."
 )
 
 TASK = "Write the entity and bridge cues of each item."
@@ -64,7 +66,7 @@ EXAMPLE = {
             "entities": ["food allergy", "dietary restriction"],
             "bridges": [
                 {
-                    "situation": "choosing a restaurant for a team dinner",
+                    "situation": "I'm picking the restaurant for our team dinner on Friday",
                     "rationale": "the menu must be safe for Tom's peanut allergy",
                 }
             ],

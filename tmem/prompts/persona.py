@@ -12,7 +12,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import DialogueBlock, assemble
 
 OPERATION = "persona"
-VERSION = "1"
+VERSION = "2"
 MAX_ENTRIES = 12
 
 
@@ -58,7 +58,10 @@ SYSTEM = (
     "You write the profile of one speaker of a long chat from what that speaker said. Keep what "
     "stays true over time and leave out passing events. When a profile so far is given, return the "
     "whole profile updated with the new turns: keep what still holds, correct what changed, add "
-    "what is new, and stay within the size limits by dropping the least telling entries."
+    "what is new, and stay within the size limits by dropping the least telling entries. When "
+    "the speaker's own words contradict each other, keep the later statement and say so in the "
+    "entry (e.g. 'vegetarian (said otherwise on 2023-05-03)'); a passing doubt does not remove "
+    "what still holds. Name people as the chat names them, without pronouns it does not use."
 )
 
 TASK = "Write the profile of the speaker from these turns."

@@ -14,7 +14,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import DialogueBlock, assemble
 
 OPERATION = "scene_boundaries"
-VERSION = "1"
+VERSION = "2"
 
 
 class BoundaryInput(BaseModel):
@@ -33,7 +33,12 @@ NARRATIVE_HELP = (
 
 
 class ClosedScene(BaseModel):
-    last_turn: str = Field(description="Id of the new turn with which this scene's event closes.")
+    last_turn: str = Field(
+        description=(
+            "Id of the turn with which this scene's matter closes: a new turn, or the last turn of the "
+            "open scene when the open scene was already finished and the new turns start something else."
+        )
+    )
     title: str = Field(min_length=1, description=TITLE_HELP)
     summary: str = Field(min_length=1, description=SUMMARY_HELP)
     narrative: str = Field(min_length=1, description=NARRATIVE_HELP)
@@ -46,18 +51,22 @@ class BoundaryResponse(BaseModel):
 
 
 SYSTEM = (
-    "You cut a long chat between two people into scenes. A scene is one event or exchange about a "
-    "single matter, from where it opens to where the speakers have finished with it and turn to "
-    "something else. A new session does not close a scene by itself: an unfinished matter may "
-    "continue in the next session, and one session may hold several scenes. Most scenes run for "
-    "about six to twenty turns; do not close a scene after every turn.\n"
-    "The input holds the turns of the scene that is still open (you have read them before; a "
-    "scene cannot close inside them) and the new turns. Name every scene that closes inside the "
-    "new turns by the id of its last turn. The first scene you close starts with the first turn "
-    "of the open scene, or with the first new turn when nothing is open; each further scene "
-    "starts right after the previous close. Turns after your last close stay open for the next "
-    "request. When final is true the chat ends with the last new turn, so close the last scene "
-    "there.\n"
+    "You cut a long chat between two people into scenes. A scene is one exchange about a single "
+    "matter, from where it opens to where the speakers have finished with it and turn to something "
+    "else. Its length follows the matter: a remark and its reply about a matter of their own are a "
+    "scene of two turns, a long talk about one plan may run for dozens of turns. Do not cut one "
+    "matter into pieces, and do not glue two matters together because one of them is short.\n"
+    "A new session does not close a scene by itself: an unfinished matter may continue in the next "
+    "session, and one session may hold several scenes. But when a new session, or a new turn, takes "
+    "up a different matter, the scene before it has closed.\n"
+    "The input holds the turns of the scene that is still open (already read in an earlier request) "
+    "and the new turns. Name every scene that closes by the id of its last turn, in dialogue order. "
+    "The first scene you close starts with the first turn of the open scene, or with the first new "
+    "turn when nothing is open; each further scene starts right after the previous close. When the "
+    "open scene was already finished and the new turns turn to something else, close it at its own "
+    "last turn. A turn that wraps up one matter and opens another goes with the matter it says most "
+    "about; goodbyes end the scene they close. Turns after your last close stay open for the next "
+    "request. When final is true the chat ends with the last new turn, so close the last scene there.\n"
     "Describe each closed scene from all of its turns, using the dates shown."
 )
 

@@ -11,7 +11,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import assemble
 
 OPERATION = "scene_triggers"
-VERSION = "1"
+VERSION = "2"
 
 
 class SceneNarrative(BaseModel):
@@ -27,7 +27,10 @@ class SceneTriggerInput(BaseModel):
     scenes: list[SceneNarrative]
 
 
-HORIZON_HELP = "One sentence, or empty when the scene gives nothing for it."
+HORIZON_HELP = (
+    "Write it as one short line the person might say then, in the first person and in words of "
+    "that later moment rather than the scene's; empty when the scene gives this channel nothing."
+)
 
 
 class SceneTriggerAnswer(BaseModel):
@@ -37,18 +40,27 @@ class SceneTriggerAnswer(BaseModel):
     event: str = Field(min_length=1, description="One sentence: what happened.")
     emotion: str = Field(min_length=1, description="One sentence: how the speakers felt.")
     personal_arc: str = Field(
-        default="", description="How this may shape the person's story or sense of self later. " + HORIZON_HELP
+        default="",
+        description="A later moment in which what happened here shows in how the person sees or carries "
+        "themselves. " + HORIZON_HELP,
     )
     avoidance_habit: str = Field(
         default="",
-        description="Something the person may steer clear of or put off later because of it. " + HORIZON_HELP,
+        description="A later moment in which the person holds back, hesitates, avoids something or takes a "
+        "precaution because of this. " + HORIZON_HELP,
     )
-    goal_arc: str = Field(default="", description="An aim this points to and what a later step may be. " + HORIZON_HELP)
+    goal_arc: str = Field(
+        default="",
+        description="A later step, success or setback of an aim this scene points to. " + HORIZON_HELP,
+    )
     belief_in_action: str = Field(
-        default="", description="A value shown here and a later choice it would guide. " + HORIZON_HELP
+        default="",
+        description="A later choice or dilemma that the value shown here would decide. " + HORIZON_HELP,
     )
     legacy_anchor: str = Field(
-        default="", description="What this may leave for family, friends or community later. " + HORIZON_HELP
+        default="",
+        description="A later moment in which the person passes this on: advice, a story told, a habit "
+        "taught, something left to others. " + HORIZON_HELP,
     )
 
 
@@ -59,10 +71,15 @@ class SceneTriggerResponse(BaseModel):
 SYSTEM = (
     "You add recall cues to scenes of a long chat between two people, reading each scene's "
     "narrative. First describe the scene itself in four sentences: situation, object, event and "
-    "emotion. Then look ahead along five horizons: ways a future conversation could come back "
-    "to this scene from a related but different situation, such as a later step of the same "
-    "plan or a choice that the same value would guide. Leave a horizon empty rather than guess "
-    "beyond the narrative."
+    "emotion. Then look ahead along five horizons for the person whose matter the scene is (either "
+    "speaker when they share it). Each horizon imagines a later moment, weeks or months on, in "
+    "which that person would bring this scene up or act because of it, although that "
+    "later moment is about something else and shares few words with the scene: a later step of "
+    "the same plan, a situation the person now handles differently, a choice the same value "
+    "decides, advice they pass on. Write each as the person might put it then, so that it matches "
+    "how they will talk, not how the scene was told. The later moment is imagined, but its link "
+    "to the scene must follow from the narrative: invent no facts about what happened, and leave a "
+    "channel empty when no such moment follows from the scene."
 )
 
 TASK = "Write the scene and horizon cues of each scene."
@@ -75,10 +92,10 @@ EXAMPLE = {
             "object": "The marathon medal Ben earned.",
             "event": "Ben finished the race in under four hours.",
             "emotion": "Ben was proud and exhausted.",
-            "personal_arc": "Ben may come to see himself as a serious runner.",
-            "avoidance_habit": "",
-            "goal_arc": "Ben may aim for a faster time at his next race.",
-            "belief_in_action": "Ben's belief in steady training may guide how he handles a new challenge at work.",
+            "personal_arc": "These days I actually call myself a runner when people ask what I do for fun.",
+            "avoidance_habit": "I skipped the office pizza night because I'm tapering before the half in May.",
+            "goal_arc": "I signed up for Boston qualifying, so the next months are all interval training.",
+            "belief_in_action": "The new project looks impossible, but I'll take it one week at a time like training.",
             "legacy_anchor": "",
         }
     ]

@@ -15,7 +15,7 @@ from tmem.prompts.common import assemble
 from tmem.prompts.topic_create import KEYWORDS_HELP, MIN_KEYWORDS, TOPIC_TITLE_HELP, SceneView
 
 OPERATION = "topic_match"
-VERSION = "1"
+VERSION = "2"
 MAX_NEW_KEYWORDS = 5
 
 
@@ -62,8 +62,11 @@ SYSTEM = (
     "recurring thread (a person's project, relationship, hobby, plan or problem). Decide for each "
     "listed topic whether the new scene continues that same thread. Sharing a broad theme is not "
     "enough: the scene must be about the same specific matter. A scene may continue several "
-    f"topics. When may_open_new is true and no listed topic fits, propose a new topic with at "
-    f"least {MIN_KEYWORDS} keywords."
+    "topics. The topics are shown in batches: this request lists only some of them, and the "
+    "others are asked about in requests of their own, so judge only the listed ones (admitting none "
+    "is a normal answer). may_open_new is true only in the last batch when no earlier batch admitted "
+    f"the scene: then, if no listed topic fits either, propose a new topic with at least {MIN_KEYWORDS} "
+    "keywords."
 )
 
 TASK = "Which of these topics does the scene continue?"

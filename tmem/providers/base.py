@@ -31,4 +31,9 @@ class Embedder(Protocol):
     @property
     def dim(self) -> int: ...
 
+    @property
+    def max_input_tokens(self) -> int | None:
+        """The longest input the encoder reads, in its own tokens (longer inputs are cut); None: unknown."""
+        ...
+
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]: ...

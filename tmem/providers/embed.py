@@ -83,6 +83,7 @@ class SentenceTransformerEmbedder:
         self.device = device
         self._model: SentenceTransformer | None = None
         self._dim: int | None = None
+        self._max_tokens: int | None = None
         self._lock = threading.Lock()
 
     @property
@@ -97,6 +98,13 @@ class SentenceTransformerEmbedder:
             if not self._dim:
                 raise EmbeddingError(self._name, "the model does not report an embedding dimension")
         return self._dim
+
+    @property
+    def max_input_tokens(self) -> int | None:
+        """``max_seq_length`` of the model (MiniLM: 256 word pieces), from its files when local."""
+        if self._max_tokens is None:
+            self._max_tokens = _local_max_seq_length(self._source) or int(self._load().max_seq_length or 0) or None
+        return self._max_tokens
 
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         if not texts:
@@ -167,6 +175,18 @@ def _local_output_dim(source: str) -> int | None:
         return None  # not a layout we can read without loading: load the model instead
 
 
+def _local_max_seq_length(source: str) -> int | None:
+    """``max_seq_length`` from a local sentence-transformers model's ``sentence_bert_config.json``."""
+    path = Path(source) / "sentence_bert_config.json"
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: ask the loaded model instead
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 # ---- content-hash cache -------------------------------------------------------------------
 
 
@@ -228,6 +248,10 @@ class CachedEmbedder:
     @property
     def dim(self) -> int:
         return self.inner.dim
+
+    @property
+    def max_input_tokens(self) -> int | None:
+        return self.inner.max_input_tokens
 
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         if not texts:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from tmem.domain import Persona
 from tmem.query.memory import Answer
 from tmem.retrieval.cascade import ScoredItem, ScoredScene, SearchResult
-from tmem.retrieval.context import ContextReport
+from tmem.retrieval.context import ContextReport, format_item_time
 
 
 class TurnOut(BaseModel):
@@ -41,6 +41,11 @@ class ItemOut(BaseModel):
     kind: Literal["atomic", "connected"]
     content: str
     event_time: datetime | None
+    when: str = Field(description="The time as the context shows it: 'May 2023', '1–7 May 2023, \"last week\"', "
+                                  "'said on 8 May 2023', 'around 8 May 2023' (approximate).")
+    event_end: datetime | None = Field(default=None, description="Last day of a span.")
+    time_granularity: Literal["day", "month", "year", "span"] = "day"
+    time_source: Literal["stated", "said", "scene"] = "stated"
     source_scene_ids: list[str]
     score: float = Field(description="Fused score of the item-selection stage.")
     channels: list[str] = Field(description="The channels that reached this item.")
@@ -115,6 +120,10 @@ def item_out(item: ScoredItem) -> ItemOut:
         kind=item.kind,
         content=item.content,
         event_time=item.event_time,
+        when=format_item_time(item.time, item.event_time),
+        event_end=item.time.end if item.time else None,
+        time_granularity=item.time.granularity if item.time else "day",
+        time_source=item.time.source if item.time else "stated",
         source_scene_ids=list(item.source_scene_ids),
         score=item.score,
         channels=list(item.channels),

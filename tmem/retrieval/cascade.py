@@ -19,7 +19,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from tmem.domain import ItemKind, Persona, Turn
+from tmem.domain import ItemKind, ItemTime, Persona, Turn
 from tmem.errors import ScopeError
 from tmem.retrieval.config import RetrievalConfig
 from tmem.retrieval.index import ConversationIndex, QueryVectorError
@@ -29,6 +29,7 @@ from tmem.retrieval.scoring import (
     nan_max,
     rank_positions,
     ranks_from_order,
+    robust_z,
     segment_max,
     select,
     tokenize,
@@ -64,6 +65,7 @@ class ScoredItem:
     source_scene_ids: tuple[str, ...]
     score: float
     channels: tuple[Channel, ...]
+    time: ItemTime | None = None  # the full time (granularity, span end, phrase, source); None: a plain day
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +150,7 @@ def _scene_cue(c: _Query) -> tuple[I64, dict[Channel, F64]]:
     idx, cfg, q = c.index, c.config, c.q
     if q is None or cfg.k_cue == 0:
         return _EMPTY, {}
-    views: dict[Channel, F32] = {"dialogue": cosine_scores(idx.scenes.dlg, q)}
+    views: dict[Channel, F32] = {"dialogue": segment_max(cosine_scores(idx.scenes.dlg, q), idx.scenes.dlg_owner, idx.n_scenes)}
     if cfg.scene_trigger:
         views["scene_trigger"] = cosine_scores(idx.scenes.scn, q)
     hor_sims = cosine_scores(idx.scenes.hor, q) if cfg.horizon_trigger else None
@@ -237,7 +239,15 @@ def _trig_recall(c: _Query) -> I64:
     views = {v: cosine_scores(getattr(idx.items, v), q) for v in ("con", "brg", "joint")}
     best = nan_max(*views.values())
     passed = np.zeros(idx.n_items, dtype=bool)
-    np.greater_equal(best, cfg.trigger_gate, out=passed, where=~np.isnan(best))
+    if cfg.trigger_gate_rule == "robust_z":
+        z, median, sigma = robust_z(best)
+        np.greater_equal(z, cfg.trigger_gate_z, out=passed, where=~np.isnan(z))
+        gate = (f"gate z≥{cfg.trigger_gate_z:g} (median {median:.3f}, σ {sigma:.3f} → cosine ≥ "
+                f"{median + cfg.trigger_gate_z * sigma:.3f})" if np.isfinite(median) else
+                f"gate z≥{cfg.trigger_gate_z:g} (too few items to standardise: none pass)")
+    else:
+        np.greater_equal(best, cfg.trigger_gate, out=passed, where=~np.isnan(best))
+        gate = f"gate τ={cfg.trigger_gate}"
     chosen = top_k(best, cfg.trigger_cap, eligible=passed)
     if c.stages is not None:
         shown = top_k(best, 2 * cfg.trigger_cap)  # the recalled items and the nearest misses
@@ -256,7 +266,7 @@ def _trig_recall(c: _Query) -> I64:
                 "nanmax",
                 candidates=shown,
                 details=details,
-                note=f"gate τ={cfg.trigger_gate}, cap R={cfg.trigger_cap}",
+                note=f"{gate}, cap R={cfg.trigger_cap}",
             )
         )
     return chosen
@@ -398,6 +408,7 @@ def search(
                 source_scene_ids=it.source_scene_ids[i],
                 score=float(items.scores[i]),
                 channels=items.channels[i],
+                time=it.times[i],
             )
             for i in items.chosen.tolist()
         ),

@@ -23,11 +23,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tmem.errors import TmemError
-from tmem.retrieval.scoring import RRF_K0, FusionRule
+from tmem.retrieval.scoring import RRF_K0, FusionRule, GateRule
 from tmem.settings import Settings
 
 DEFAULT_FUSION: FusionRule = "best_rank"
 """Fusion rule of the ``default`` preset for scene and item selection (to be settled by measurement)."""
+
+DEFAULT_GATE: GateRule = "robust_z"
+"""TrigRecall gate of every preset but ``paper`` (which keeps the paper's raw-cosine τ = 0.85)."""
 
 
 class UnknownPresetError(TmemError, ValueError):
@@ -45,8 +48,19 @@ class RetrievalConfig(BaseModel):
     k_items: int = Field(default=15, ge=0, description="kI: items returned.")
     k_cue: int = Field(default=10, ge=0, description="Scenes recalled by SceneCue (A_S), ungated.")
     trigger_cap: int = Field(default=10, ge=0, description="R: at most this many trigger-recalled items (A_I).")
+    trigger_gate_rule: GateRule = Field(
+        default="robust_z",
+        description=(
+            "How TrigRecall gates: 'robust_z' keeps items whose trigger score stands ≥ trigger_gate_z robust "
+            "standard deviations above the median over the conversation's items for this query (means the same "
+            "whatever the encoder); 'cosine' keeps items whose raw cosine is ≥ trigger_gate (the paper's τ)."
+        ),
+    )
     trigger_gate: float = Field(
-        default=0.85, ge=-1.0, le=1.0, description="τ: min NaN-aware max cosine for TrigRecall."
+        default=0.85, ge=-1.0, le=1.0, description="τ of the 'cosine' rule: min NaN-aware max cosine."
+    )
+    trigger_gate_z: float = Field(
+        default=3.0, ge=0.0, description="z of the 'robust_z' rule: (score − median) / (1.4826 · MAD) ≥ z."
     )
     k0: int = Field(default=RRF_K0, ge=1, description="RRF smoothing constant.")
     scene_fusion: FusionRule = Field(default=DEFAULT_FUSION, description="How scene selection combines its lists.")
@@ -82,7 +96,7 @@ ABLATIONS: Mapping[str, Mapping[str, bool]] = MappingProxyType(
 
 _BASES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
-        "paper": {"scene_fusion": "rrf", "item_fusion": "rrf"},
+        "paper": {"scene_fusion": "rrf", "item_fusion": "rrf", "trigger_gate_rule": "cosine"},
         "default": {},
         "rrf": {"scene_fusion": "rrf", "item_fusion": "rrf"},
         "best-rank": {"scene_fusion": "best_rank", "item_fusion": "best_rank"},
@@ -112,7 +126,10 @@ def preset(name: str, base: RetrievalConfig | None = None) -> RetrievalConfig:
             f"unknown retrieval preset {bad[0]!r} in {name!r}; bases: {', '.join(_BASES)}; "
             f"ablations (add with '+'): {', '.join(ABLATIONS)}"
         )
-    changes: dict[str, Any] = {"scene_fusion": DEFAULT_FUSION, "item_fusion": DEFAULT_FUSION, **_BASES[head]}
+    changes: dict[str, Any] = {
+        "scene_fusion": DEFAULT_FUSION, "item_fusion": DEFAULT_FUSION, "trigger_gate_rule": DEFAULT_GATE,
+        **_BASES[head],
+    }
     for ablation in ablations:
         changes.update(ABLATIONS[ablation])
     return (base or RetrievalConfig()).with_(name=name, **changes)
@@ -127,6 +144,7 @@ def config_from_settings(settings: Settings, name: str = "default") -> Retrieval
         k_cue=settings.k_cue,
         trigger_cap=settings.trigger_cap,
         trigger_gate=settings.trigger_gate,
+        trigger_gate_z=settings.trigger_gate_z,
         k0=settings.rrf_k0,
     )
     return preset(name, budgets)

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from tmem.domain import Persona
+from tmem.domain import ItemTime, Persona
 from tmem.retrieval.cascade import ScoredItem, ScoredScene, SearchResult
 
 CHARS_PER_TOKEN = 4
@@ -37,6 +37,37 @@ def format_date(when: datetime | None) -> str:
     return f"{when.day} {when:%B %Y}" if when is not None else "date unknown"
 
 
+def format_span(start: datetime, end: datetime) -> str:
+    """``1–7 May 2023``, ``28 April – 4 May 2023``, ``30 December 2022 – 2 January 2023``."""
+    if (start.year, start.month) == (end.year, end.month):
+        return f"{start.day}–{end.day} {end:%B %Y}"
+    if start.year == end.year:
+        return f"{start.day} {start:%B} – {end.day} {end:%B %Y}"
+    return f"{format_date(start)} – {format_date(end)}"
+
+
+def format_item_time(time: ItemTime | None, fallback: datetime | None = None) -> str:
+    """An item's time as precisely as the dialogue gave it, never more: ``8 May 2023``, ``May 2023``,
+    ``2023``, ``1–7 May 2023``, with the dialogue's words (``May 2023, "last month"``); a time taken
+    from the turn that says it reads ``said on 8 May 2023``, one from its scene ``around 8 May 2023``."""
+    if time is None or time.start is None:
+        return format_date(fallback)
+    start = time.start
+    if time.source == "scene":
+        return f"around {format_date(start)}"
+    if time.source == "said":
+        return f"said on {format_date(start)}"
+    if time.granularity == "span" and time.end is not None:
+        text = format_span(start, time.end)
+    elif time.granularity == "month":
+        text = f"{start:%B %Y}"
+    elif time.granularity == "year":
+        text = f"{start.year}"
+    else:
+        text = format_date(start)
+    return f'{text}, "{time.phrase}"' if time.phrase else text
+
+
 def render_scene(scene: ScoredScene) -> str:
     """A scene header with its date span, then each raw turn as ``[8 May 2023] Speaker: text``."""
     start, end = format_date(scene.start_time), format_date(scene.end_time)
@@ -47,7 +78,7 @@ def render_scene(scene: ScoredScene) -> str:
 
 
 def render_item(item: ScoredItem) -> str:
-    return f"- [{format_date(item.event_time)}] {item.content}"
+    return f"- [{format_item_time(item.time, item.event_time)}] {item.content}"
 
 
 def render_persona(persona: Persona) -> str:

@@ -20,7 +20,18 @@ import bm25s
 import numpy as np
 import numpy.typing as npt
 
-from tmem.domain import HORIZON_CHANNELS, Item, ItemKind, ItemTriggers, Persona, Scene, SceneTriggers, Topic, Turn
+from tmem.domain import (
+    HORIZON_CHANNELS,
+    Item,
+    ItemKind,
+    ItemTime,
+    ItemTriggers,
+    Persona,
+    Scene,
+    SceneTriggers,
+    Topic,
+    Turn,
+)
 from tmem.errors import ScopeError, StoreError, TmemError
 from tmem.retrieval.lexical import PrebuiltBM25, corpus_tokens, order_for_index
 from tmem.retrieval.scoring import build_bm25, l2_normalise
@@ -152,7 +163,8 @@ class SceneTable:
     start_times: tuple[datetime, ...]
     end_times: tuple[datetime, ...]
     vectors: F32  # title+summary
-    dlg: F32
+    dlg: F32  # (nD, dim) dialogue chunks
+    dlg_owner: I64  # (nD,) scene position of each dialogue chunk
     scn: F32
     hor: F32  # (nH, dim) flat horizon sentences
     hor_owner: I64  # (nH,) scene position of each horizon row
@@ -168,6 +180,7 @@ class ItemTable:
     contents: tuple[str, ...]
     keywords: tuple[tuple[str, ...], ...]
     event_times: tuple[datetime | None, ...]
+    times: tuple[ItemTime, ...]  # the full time of each item (granularity, span end, phrase, source)
     source_scene_ids: tuple[tuple[str, ...], ...]
     vectors: F32  # content
     con: F32
@@ -239,21 +252,27 @@ def _horizon_label(triggers: SceneTriggers | None, ordinal: int) -> str:
     return f"{channel}: {text}"
 
 
+def _multi_view(bundle: VectorBundle, view: ViewKey, scene_pos: Mapping[str, int], dim: int) -> tuple[F32, I64, list[int]]:
+    """A view with several rows per scene (horizons, dialogue chunks): vectors, owner positions, ordinals."""
+    rows = bundle.views.get(view)
+    if rows is None:
+        return _frozen(np.zeros((0, dim), np.float32)), _frozen(np.zeros(0, np.int64)), []
+    owners: list[int] = []
+    for owner in rows.owner_ids:
+        if owner not in scene_pos:
+            raise IndexConsistencyError(f"view {view!r}: vector for unknown scene {owner!r}")
+        owners.append(scene_pos[owner])
+    vec = _frozen(l2_normalise(rows.vectors))
+    return vec, _frozen(np.asarray(owners, dtype=np.int64)), rows.ordinals.tolist()
+
+
 def _horizon_rows(
     bundle: VectorBundle, scene_pos: Mapping[str, int], triggers: Mapping[str, SceneTriggers], dim: int
 ) -> tuple[F32, I64, tuple[str, ...]]:
-    rows = bundle.views.get(("scene", "hor"))
-    if rows is None:
-        return _frozen(np.zeros((0, dim), np.float32)), _frozen(np.zeros(0, np.int64)), ()
-    owners: list[int] = []
-    labels: list[str] = []
-    for owner, ordinal in zip(rows.owner_ids, rows.ordinals.tolist(), strict=True):
-        if owner not in scene_pos:
-            raise IndexConsistencyError(f"view ('scene', 'hor'): vector for unknown scene {owner!r}")
-        owners.append(scene_pos[owner])
-        labels.append(_horizon_label(triggers.get(owner), ordinal))
-    vec = _frozen(l2_normalise(rows.vectors))
-    return vec, _frozen(np.asarray(owners, dtype=np.int64)), tuple(labels)
+    vec, owners, ordinals = _multi_view(bundle, ("scene", "hor"), scene_pos, dim)
+    ids = list(scene_pos)
+    labels = tuple(_horizon_label(triggers.get(ids[o]), ordinal) for o, ordinal in zip(owners.tolist(), ordinals, strict=True))
+    return vec, owners, labels
 
 
 def _csr(groups: Sequence[Sequence[int]]) -> tuple[I64, I64]:
@@ -343,6 +362,7 @@ def build_index(
     topic_indptr, topic_indices = _csr(topic_groups)
     item_indptr, item_indices = _csr(scene_groups)
     hor, hor_owner, hor_labels = _horizon_rows(vectors, scene_pos, scene_trig, dim)
+    dlg, dlg_owner, _ = _multi_view(vectors, ("scene", "dlg"), scene_pos, dim)
     return ConversationIndex(
         conversation_id=conversation_id,
         dim=dim,
@@ -363,7 +383,8 @@ def build_index(
             start_times=tuple(s.start_time for s in scenes),
             end_times=tuple(s.end_time for s in scenes),
             vectors=_single_view(vectors, ("scene", "summary"), scene_pos, dim),
-            dlg=_single_view(vectors, ("scene", "dlg"), scene_pos, dim),
+            dlg=dlg,
+            dlg_owner=dlg_owner,
             scn=_single_view(vectors, ("scene", "scn"), scene_pos, dim),
             hor=hor,
             hor_owner=hor_owner,
@@ -377,6 +398,7 @@ def build_index(
             contents=tuple(it.content for it in items),
             keywords=tuple(it.keywords for it in items),
             event_times=tuple(it.event_time for it in items),
+            times=tuple(it.time for it in items),
             source_scene_ids=tuple(it.source_scene_ids for it in items),
             vectors=_single_view(vectors, ("item", "content"), item_pos, dim),
             con=_single_view(vectors, ("item", "con"), item_pos, dim),

@@ -27,6 +27,7 @@ I64 = npt.NDArray[np.int64]
 Bool = npt.NDArray[np.bool_]
 
 FusionRule = Literal["rrf", "best_rank", "reserved"]
+GateRule = Literal["cosine", "robust_z"]
 
 RRF_K0 = 60
 """RRF smoothing constant (Cormack, Clarke & Büttcher 2009, "Reciprocal rank fusion outperforms
@@ -140,6 +141,32 @@ def segment_max(values: F32, owners: I64, n_owners: int) -> F32:
     if values.size:
         np.fmax.at(out, owners, values)
     return out
+
+
+MAD_TO_SIGMA = 1.4826
+"""``σ ≈ 1.4826 · MAD`` for normally distributed scores (Rousseeuw & Croux 1993, "Alternatives to the
+median absolute deviation", JASA 88)."""
+MIN_GATE_SAMPLE = 8  # fewer scored items than this: too few to estimate a distribution
+MIN_GATE_SPREAD = 1e-3  # floor of the robust σ (identical scores would divide by zero)
+
+
+def robust_z(scores: F32) -> tuple[F32, float, float]:
+    """Robust standard scores ``z_i = (s_i − median(s)) / (1.4826 · MAD(s))`` over the finite scores.
+
+    Returns ``(z, median, sigma)``; NaN scores stay NaN. With fewer than :data:`MIN_GATE_SAMPLE`
+    finite scores the distribution cannot be estimated and every z is NaN (nothing passes a gate).
+    Used by TrigRecall's standardised gate: for one query, most items of a conversation are
+    unrelated to it, so the median and MAD of its scores describe the encoder's similarity between
+    unrelated texts, and a z threshold means the same on any encoder (a raw cosine threshold does
+    not: MiniLM's best associative cosines sit at .3-.5, bge-m3's unrelated ones near .4).
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    finite = s[np.isfinite(s)]
+    if finite.size < MIN_GATE_SAMPLE:
+        return np.full(s.shape, np.nan, dtype=np.float32), float("nan"), float("nan")
+    med = float(np.median(finite))
+    sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(finite - med))), MIN_GATE_SPREAD)
+    return np.asarray((s - med) / sigma, dtype=np.float32), med, sigma
 
 
 # --------------------------------------------------------------------------- ranks and fusion

@@ -51,8 +51,8 @@ log = logging.getLogger(__name__)
 
 IMAGE_TABLE = "conversation_images"
 IMAGE_FILE = "conversation_images.bin"
-IMAGE_FORMAT = 2  # written now: 1 plus an optional vector section (image_vectors.py)
-READABLE_FORMATS = frozenset({1, 2})
+IMAGE_FORMAT = 3  # written now: 2 (1 plus an optional vector section, image_vectors.py) plus item times (m007)
+READABLE_FORMATS = frozenset({1, 2, 3})  # 1 and 2 hold items without time columns: read as stated days
 MANIFEST_KEY = "conversation_image_format"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -76,7 +76,8 @@ _PARTS: dict[str, tuple[str, str, str]] = {
         "JOIN {s}.scenes s USING (conversation_id, scene_id)) i", "i.seq, i.item_id, i.scene_id",
     ),
     "items": (
-        "json_array(item_id, topic_id, kind, content, epoch_us(event_time), keywords)",
+        "json_array(item_id, topic_id, kind, content, epoch_us(event_time), keywords, epoch_us(event_end), "
+        "time_granularity, time_phrase, time_source)",
         "(SELECT *, conversation_id AS g FROM {s}.items)", "item_id",
     ),
     "item_triggers": (
@@ -353,9 +354,11 @@ def _ts(us: int | None) -> datetime | None:
 
 
 def _with_times(rows: list[list[Any]], *columns: int) -> list[list[Any]]:
+    """Epoch-microsecond columns as datetimes (a column past a row's end, as in older formats, is skipped)."""
     for r in rows:
         for c in columns:
-            r[c] = _ts(r[c])
+            if c < len(r):
+                r[c] = _ts(r[c])
     return rows
 
 
@@ -375,7 +378,7 @@ def decode_image(conversation_id: str, fmt: int, image: str, *, source: str = "i
     try:
         rows: Rows = {name: doc[name] for name in _PARTS if name != "turns"}
         _with_times(doc["scenes"], 6, 7)
-        _with_times(doc["items"], 4)
+        _with_times(doc["items"], 4, 6)
         turns = turns_from_rows(conversation_id, _with_times(doc["turns"], 5))
         return memory_from_rows(conversation_id, rows), turns
     except (KeyError, IndexError, TypeError, ValueError) as exc:

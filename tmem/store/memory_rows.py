@@ -42,7 +42,8 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
     "topic_scene": {"conversation_id": pl.String, "topic_id": pl.String, "scene_id": pl.String},
     "items": {
         "conversation_id": pl.String, "item_id": pl.String, "topic_id": pl.String, "kind": pl.String,
-        "content": pl.String, "event_time": _TS, "keywords": pl.List(pl.String),
+        "content": pl.String, "event_time": _TS, "keywords": pl.List(pl.String), "event_end": _TS,
+        "time_granularity": pl.String, "time_phrase": pl.String, "time_source": pl.String,
     },
     "item_scene": {"conversation_id": pl.String, "item_id": pl.String, "scene_id": pl.String},
     "item_triggers": {
@@ -78,7 +79,8 @@ def memory_frames(memory: Memory) -> dict[str, pl.DataFrame]:
     for i in memory.items:
         rows["items"].append({
             "conversation_id": cid, "item_id": i.item_id, "topic_id": i.topic_id, "kind": i.kind,
-            "content": i.content, "event_time": i.event_time, "keywords": list(i.keywords),
+            "content": i.content, "event_time": i.event_time, "keywords": list(i.keywords), "event_end": i.event_end,
+            "time_granularity": i.time_granularity, "time_phrase": i.time_phrase, "time_source": i.time_source,
         })
         rows["item_scene"].extend(
             {"conversation_id": cid, "item_id": i.item_id, "scene_id": sid} for sid in i.source_scene_ids
@@ -157,8 +159,8 @@ MEMORY_ROW_QUERIES: dict[str, str] = {
     "topics": "SELECT topic_id, seq, title, keywords FROM topics WHERE conversation_id = ? ORDER BY seq, topic_id",
     "item_scene": "SELECT i.item_id, i.scene_id FROM item_scene i JOIN scenes s USING (conversation_id, scene_id) "
                   "WHERE i.conversation_id = ? ORDER BY s.seq, i.item_id, i.scene_id",
-    "items": "SELECT item_id, topic_id, kind, content, event_time, keywords FROM items "
-             "WHERE conversation_id = ? ORDER BY item_id",
+    "items": "SELECT item_id, topic_id, kind, content, event_time, keywords, event_end, time_granularity, time_phrase, "
+             "time_source FROM items WHERE conversation_id = ? ORDER BY item_id",
     "item_triggers": "SELECT item_id, family, text, rationale FROM item_triggers WHERE conversation_id = ? "
                      "ORDER BY item_id, family, ordinal",
     "scene_triggers": "SELECT scene_id, family, channel, text FROM scene_triggers WHERE conversation_id = ? "
@@ -169,10 +171,30 @@ MEMORY_ROW_QUERIES: dict[str, str] = {
 Rows = dict[str, list[tuple[Any, ...]] | list[list[Any]]]
 
 
+# Items of a snapshot published before m007 (no time columns): read as stated days.
+_ITEMS_BEFORE_M007 = ("SELECT item_id, topic_id, kind, content, event_time, keywords FROM items "
+                      "WHERE conversation_id = ? ORDER BY item_id")
+
+
 def read_memory(con: duckdb.DuckDBPyConnection, conversation_id: str) -> Memory:
     """The stored memory of one conversation (empty tuples if never built)."""
-    rows: Rows = {name: con.execute(sql, [conversation_id]).fetchall() for name, sql in MEMORY_ROW_QUERIES.items()}
+    rows: Rows = {}
+    for name, sql in MEMORY_ROW_QUERIES.items():
+        try:
+            rows[name] = con.execute(sql, [conversation_id]).fetchall()
+        except duckdb.BinderException:
+            if name != "items":
+                raise
+            rows[name] = con.execute(_ITEMS_BEFORE_M007, [conversation_id]).fetchall()
     return memory_from_rows(conversation_id, rows)
+
+
+def _item_time(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
+    """The time fields of an item row (columns 6-9; absent or NULL in rows written before m007)."""
+    extra = list(row[6:10]) + [None] * (10 - max(len(row), 6))
+    end, granularity, phrase, source = extra[:4]
+    return {"event_end": end, "time_granularity": granularity or "day", "time_phrase": phrase or "",
+            "time_source": source or "stated"}
 
 
 def memory_from_rows(conversation_id: str, rows: Rows) -> Memory:
@@ -196,7 +218,7 @@ def memory_from_rows(conversation_id: str, rows: Rows) -> Memory:
         sources.setdefault(item_id, []).append(scene_id)
     items = tuple(
         Item(conversation_id=conversation_id, item_id=r[0], topic_id=r[1], kind=r[2], content=r[3], event_time=r[4],
-             keywords=_list(r[5]), source_scene_ids=tuple(sources.get(r[0], ())))
+             keywords=_list(r[5]), source_scene_ids=tuple(sources.get(r[0], ())), **_item_time(r))
         for r in rows["items"]
     )
     ents: dict[str, list[str]] = {}

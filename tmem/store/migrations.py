@@ -244,8 +244,21 @@ M006_QUARANTINE = Migration(
     """,
 )
 
+# An item's time as precisely as the dialogue gave it (tmem.domain.Item): the end of a span, the
+# granularity (day | month | year | span), the dialogue's words, and where the time came from
+# (stated | said | scene). Rows built before have NULLs, read as a stated day.
+M007_ITEM_TIME = Migration(
+    "m007_item_time",
+    """
+    ALTER TABLE items ADD COLUMN event_end TIMESTAMPTZ;
+    ALTER TABLE items ADD COLUMN time_granularity VARCHAR;
+    ALTER TABLE items ADD COLUMN time_phrase VARCHAR;
+    ALTER TABLE items ADD COLUMN time_source VARCHAR;
+    """,
+)
+
 MIGRATIONS: Sequence[Migration] = (
-    M001_INGEST, M002_MEMORY, M003_LLM, M004_USAGE_ESTIMATED, M005_LLM_BATCHES, M006_QUARANTINE,
+    M001_INGEST, M002_MEMORY, M003_LLM, M004_USAGE_ESTIMATED, M005_LLM_BATCHES, M006_QUARANTINE, M007_ITEM_TIME,
 )
 
 # Tables that make up a conversation's built memory (copied whole into a snapshot).

@@ -1,0 +1,337 @@
+"""Quality on memory built by a real model: build through any OpenAI-compatible endpoint, then measure.
+
+A measuring loop, not a test: the endpoint is whatever ``TMEM_LLM_*`` names (a hosted model, a
+local server, or ``../shared/tools/model-bridge``, whose answers are written by capable models).
+
+    # 1. an archive: a LoCoMo conversation with LoCoMo-Plus cues stitched in (one build measures both)
+    python bench/real_model.py stitch --host conv-30 --cues 16 --out runs/conv30
+    # 2. build it through the endpoint (or --replay a recording: zero model calls)
+    python bench/real_model.py build --archive runs/conv30/archive.json --store runs/conv30/store
+    # 3. measure: evidence recall, cue recall (k and equal-token budgets), channels, construction health
+    python bench/real_model.py eval --store runs/conv30/store --data runs/conv30/archive.json \
+        --cues runs/conv30/cue_questions.json --build-json runs/conv30/store/build.json --label conv30
+    # a bridge queue as a recording (replayable while prompts are unchanged; answer sizes vs budgets)
+    python bench/real_model.py record QUEUE --out runs/conv30/build_calls.jsonl
+
+``eval`` prints the tables and writes ``bench/results/real_model_<label>.json``. Figures from a
+build through the bridge are quoted as "built by a capable model through the bridge".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "datasets"
+RESULTS = REPO / "bench" / "results"
+KS = (1, 3, 5, 10)
+BUDGETS = (500, 1000, 2000)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    env.setdefault("DO_NOT_TRACK", "1")
+    return env
+
+
+# --------------------------------------------------------------------------- stitch
+
+
+def cmd_stitch(args: argparse.Namespace) -> int:
+    from tmem.eval.cue_stitch import stitch_cues, write_cue_stitch
+
+    stitch = stitch_cues(args.locomo, args.plus, args.host, cues=args.cues,
+                         item_indices=[int(i) for i in args.items.split(",")] if args.items else None)
+    archive, cues = write_cue_stitch(stitch, args.out)
+    print(json.dumps({"conversation_id": stitch.conversation_id, "archive": str(archive), "cue_questions": str(cues),
+                      "cues": [e.extra["plus_index"] for e in stitch.cue_examples], "defects": stitch.defects.counts}))
+    return 0
+
+
+# --------------------------------------------------------------------------- record
+
+
+def read_queue(queue: Path) -> list[dict[str, Any]]:
+    """A bridge queue (req-N.json + resp-N.json) as recorded requests, in request order."""
+    entries = []
+    for req in sorted(queue.glob("req-*.json")):
+        n = req.stem.removeprefix("req-")
+        resp = queue / f"resp-{n}.json"
+        if not resp.exists():
+            continue
+        body = json.loads(req.read_text(encoding="utf-8"))["request"]
+        text = resp.read_text(encoding="utf-8")
+        fmt = body.get("response_format") or {}
+        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        try:
+            response: Any = json.loads(text)
+        except json.JSONDecodeError:
+            response = text
+        entries.append({
+            "n": int(n), "operation": (fmt.get("json_schema") or {}).get("name") or "unknown",
+            "messages": body.get("messages", []), "response_format": fmt, "response": response,
+            "max_tokens": cap, "answer_tokens": len(text) // 4,
+        })
+    return entries
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from tmem.providers.recording import write_recording
+
+    entries = read_queue(args.queue)
+    write_recording(args.out, entries)
+    ops = Counter(e["operation"] for e in entries)
+    over = [(e["n"], e["operation"], e["answer_tokens"], e["max_tokens"]) for e in entries
+            if e["max_tokens"] and e["answer_tokens"] > e["max_tokens"]]
+    print(json.dumps({"recorded": len(entries), "by_operation": dict(sorted(ops.items())),
+                      "answers_over_their_max_tokens": over}, indent=1))
+    return 0
+
+
+# --------------------------------------------------------------------------- build
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    env = _env()
+    env.setdefault("PREFECT_HOME", str(args.store / "prefect-home"))
+    tmem = [sys.executable, "-m", "tmem"]
+    subprocess.run([*tmem, "ingest", str(args.archive), "--store", str(args.store), "--json"], check=True, env=env)
+    replay = None
+    if args.replay is not None:
+        from tmem.providers.recording import ReplayServer, read_recording
+
+        replay = ReplayServer(read_recording(args.replay)).__enter__()
+        env.update(TMEM_LLM_BASE_URL=replay.base_url, TMEM_LLM_API_KEY="replay", TMEM_LLM_PROVIDER="openai")
+        env.setdefault("TMEM_LLM_MODEL", "capable-bridge")
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([*tmem, "build", "--store", str(args.store), "--json"], env=env, capture_output=True,
+                              text=True)
+    finally:
+        if replay is not None:
+            print(f"replay: served {replay.served}, not in the recording {len(replay.missed)} "
+                  f"{Counter(replay.missed).most_common()}", file=sys.stderr)
+            replay.__exit__(None, None, None)
+    (args.store / "build.json").write_text(done.stdout, encoding="utf-8")
+    sys.stderr.write(done.stderr[-3000:])
+    print(f"build exit {done.returncode} in {time.perf_counter() - started:.0f} s; report: {args.store / 'build.json'}")
+    return done.returncode
+
+
+# --------------------------------------------------------------------------- eval
+
+
+def variant_config(memory: Any, spec: str) -> Any:
+    """``preset`` or ``preset@field=value;field=value`` (e.g. ``default@trigger_gate_z=2.5``)."""
+    name, _, overrides = spec.partition("@")
+    config = memory.config(name)
+    changes: dict[str, Any] = {}
+    for part in filter(None, overrides.split(";")):
+        key, _, value = part.partition("=")
+        field = type(config).model_fields.get(key)
+        if field is None:
+            raise SystemExit(f"unknown retrieval field {key!r} in {spec!r}")
+        changes[key] = value if field.annotation in (str,) or not value.replace(".", "").replace("-", "").isdigit() \
+            else (float(value) if "." in value else int(value))
+    return config.with_(name=spec, **changes) if changes else config
+
+
+def _systems(store: Path, presets: list[str], vectors: Any, turns: dict[str, Any], budget_k: int) -> list[Any]:
+    from tmem.eval.baselines import baseline
+    from tmem.eval.tmem_system import TmemRetriever, TmemSearcher
+    from tmem.query.memory import Memory
+    from tmem.settings import load_settings
+
+    memory = Memory.open(store, load_settings(store=store), embedder=vectors.embedder)
+    systems: list[Any] = [
+        TmemRetriever(TmemSearcher(memory, p, vectors, budget_k=budget_k, config=variant_config(memory, p)))
+        for p in presets
+    ]
+    return [*systems, baseline("flat", turns.__getitem__, vectors)]
+
+
+def _recall_table(examples: list[Any], systems: list[Any]) -> dict[str, Any]:
+    from tmem.eval.retrieval_metrics import evaluate_retrieval, rows_frame, summarise
+
+    rows = evaluate_retrieval(examples, systems, ks=KS, budgets=BUDGETS)
+    summary = summarise(rows_frame(rows))
+    out: dict[str, Any] = {}
+    for r in summary.to_dicts():
+        if r["category"] != "all":
+            continue
+        key = f"{r['mode']}@{r['cut']}"
+        out.setdefault(r["system"], {})[key] = {"recall": round(r["recall"], 3), "tokens": round(r["mean_tokens"])}
+    return out
+
+
+def _diagnose(store: Path, preset: str, vectors: Any, examples: list[Any], k: int) -> dict[str, Any]:
+    from tmem.eval.diagnostics import diagnose, summarise
+    from tmem.query.memory import Memory
+    from tmem.retrieval.cascade import search
+    from tmem.settings import load_settings
+
+    memory = Memory.open(store, load_settings(store=store), embedder=vectors.embedder)
+    snapshot = memory.snapshot()
+    config = variant_config(memory, preset).with_(k_scenes=k, k_items=k)
+    found = []
+    for e in examples:
+        index = snapshot.index(e.conversation_id)
+        result = search(index, e.question, vectors.vector(e.question), config, speaker=e.speaker, trace=True)
+        found.append(diagnose(index, e, result))
+    return summarise(found).as_dict()
+
+
+def _memory_shape(store: Path, vectors: Any, conversation_id: str, cue_examples: list[Any]) -> dict[str, Any]:
+    from statistics import median
+
+    from tmem.query.memory import Memory
+    from tmem.settings import load_settings
+
+    index = Memory.open(store, load_settings(store=store), embedder=vectors.embedder).snapshot().index(conversation_id)
+    sizes = [len(t) for t in index.scenes.turn_ids]
+    horizons = int(index.scenes.hor_owner.size)
+    cue_scenes = []
+    for e in cue_examples:
+        cue = set(e.evidence)
+        holding = [turns for turns in index.scenes.turn_ids if cue & set(turns)]
+        cue_scenes.append({"cue": e.extra.get("plus_index"), "scenes": len(holding),
+                           "own_scene": len(holding) == 1 and set(holding[0]) == cue,
+                           "scene_turns": [len(t) for t in holding]})
+    return {
+        "scenes": index.n_scenes, "topics": index.n_topics, "items": index.n_items,
+        "connected_items": sum(1 for k in index.items.kinds if k == "connected"),
+        "scene_turns_median": median(sizes) if sizes else 0, "scenes_of_3_turns_or_fewer": sum(s <= 3 for s in sizes),
+        "horizon_sentences": horizons, "horizon_fill": round(horizons / max(1, 5 * index.n_scenes), 3),
+        "cues_in_their_own_scene": sum(c["own_scene"] for c in cue_scenes), "cue_scenes": cue_scenes,
+    }
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from tmem.settings import apply_process_defaults
+
+    apply_process_defaults()
+    from tmem.bundle import embedder_for
+    from tmem.cli.eval_retrieval import check_evidence, store_turns
+    from tmem.eval.datasets import load_locomo_qa
+    from tmem.eval.retrieval_metrics import VectorMemo
+    from tmem.settings import load_settings
+
+    started = time.perf_counter()
+    presets = [p for p in args.presets.split(",") if p]
+    vectors = VectorMemo(embedder_for(load_settings(store=args.store), None))
+    parts: dict[str, Any] = {}
+    sets = {"evidence": load_locomo_qa(args.data)[0]}
+    if args.cues is not None:
+        sets["cue"] = load_locomo_qa(args.cues)[0]
+    conversation_id = sets["evidence"][0].conversation_id
+    turns = store_turns(args.store, [conversation_id])
+    for name, examples in sets.items():
+        examples, _ = check_evidence(examples, turns)
+        examples = [e for e in examples if e.evidence]
+        vectors.prefetch(e.question for e in examples)
+        systems = _systems(args.store, presets, vectors, turns, budget_k=max(KS))
+        parts[name] = {"questions": len(examples), "recall": _recall_table(examples, systems),
+                       "channels_at_5": {p: _diagnose(args.store, p, vectors, examples, 5) for p in presets}}
+    shape = _memory_shape(args.store, vectors, conversation_id, sets.get("cue", []))
+    health = json.loads(args.build_json.read_text(encoding="utf-8")) if args.build_json else None
+    report = {
+        "label": args.label, "store": str(args.store), "conversation_id": conversation_id, "presets": presets,
+        "embedding_model": load_settings(store=args.store).embedding_model, "memory": shape,
+        "construction": _health(health) if health else None, **parts,
+        "seconds": round(time.perf_counter() - started, 1), "load_avg": os.getloadavg()[0],
+        "source": args.source,
+    }
+    out = RESULTS / f"real_model_{args.label}.json"
+    out.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+    for line in render(report):
+        print(line)
+    print(f"\nwritten {out}")
+    return 0
+
+
+def _health(build: dict[str, Any]) -> dict[str, Any]:
+    keep = ("status", "llm_calls", "prompt_tokens", "completion_tokens", "quarantined", "failures", "usage_by_operation",
+            "notes", "quarantined_units")
+    return {k: build[k] for k in keep if k in build}
+
+
+def render(report: dict[str, Any]) -> list[str]:
+    lines = [f"# {report['label']}: {report['conversation_id']} ({report['source']})", ""]
+    m = report["memory"]
+    lines.append(f"memory: {m['scenes']} scenes (median {m['scene_turns_median']} turns, "
+                 f"{m['scenes_of_3_turns_or_fewer']} of ≤3), {m['topics']} topics, {m['items']} items "
+                 f"({m['connected_items']} connected), horizon fill {m['horizon_fill']}, "
+                 f"cues in their own scene {m['cues_in_their_own_scene']}/{len(m['cue_scenes'])}")
+    for part in ("evidence", "cue"):
+        if part not in report:
+            continue
+        data = report[part]
+        cols = [f"k@{k}" for k in KS] + [f"budget@{b}" for b in BUDGETS]
+        lines += ["", f"{part} recall, {data['questions']} questions", "system".ljust(16) + "".join(
+            c.replace("k@", "R@").rjust(12) for c in cols)]
+        for system, cells in data["recall"].items():
+            lines.append(system.ljust(16) + "".join(
+                (f"{cells[c]['recall']:.3f}" if c in cells else "-").rjust(12) for c in cols))
+        for preset, diag in data["channels_at_5"].items():
+            share = ", ".join(f"{c} {v:.2f}" for c, v in diag["reached_by_share"].items() if v)
+            trig = diag["trig_recall"]
+            lines.append(f"  {preset} @5: found {diag['found_turns']}/{diag['evidence_turns']} turns; reached by: {share}")
+            lines.append(f"    trig recall fired on {trig['queries_fired']} queries, {trig['items_recalled']} items "
+                         f"({trig['items_recalled_that_are_evidence']} evidence); best cosine median "
+                         f"{trig['best_trigger_cosine_median']} range {trig['best_trigger_cosine_range']}")
+            lines.append(f"    evidence-scene rank medians: {diag['evidence_scene_rank_median']}")
+    if report.get("construction"):
+        c = report["construction"]
+        lines += ["", f"construction: {c.get('status')} · {c.get('llm_calls')} calls · quarantined {c.get('quarantined')}"]
+        for op, u in (c.get("usage_by_operation") or {}).items():
+            lines.append(f"  {op:<18} " + " ".join(f"{k}={v}" for k, v in u.items()))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("stitch")
+    st.add_argument("--host", required=True)
+    st.add_argument("--cues", type=int, default=16)
+    st.add_argument("--items", default=None, help="explicit LoCoMo-Plus item indices, comma-separated")
+    st.add_argument("--locomo", type=Path, default=DATA / "locomo" / "locomo10.json")
+    st.add_argument("--plus", type=Path, default=DATA / "locomo_plus" / "locomo_plus.json")
+    st.add_argument("--out", type=Path, required=True)
+    st.set_defaults(run=cmd_stitch)
+    rec = sub.add_parser("record")
+    rec.add_argument("queue", type=Path)
+    rec.add_argument("--out", type=Path, required=True)
+    rec.set_defaults(run=cmd_record)
+    b = sub.add_parser("build")
+    b.add_argument("--archive", type=Path, required=True)
+    b.add_argument("--store", type=Path, required=True)
+    b.add_argument("--replay", type=Path, default=None, help="a recording to replay instead of TMEM_LLM_BASE_URL")
+    b.set_defaults(run=cmd_build)
+    ev = sub.add_parser("eval")
+    ev.add_argument("--store", type=Path, required=True)
+    ev.add_argument("--data", type=Path, required=True, help="the archive (LoCoMo JSON) whose QA is evidence recall")
+    ev.add_argument("--cues", type=Path, default=None, help="the cue questions (LoCoMo JSON) for cue recall")
+    ev.add_argument("--presets", default="default,paper")
+    ev.add_argument("--build-json", type=Path, default=None, help="`tmem build --json` output of the build")
+    ev.add_argument("--label", required=True)
+    ev.add_argument("--source", default="built by a capable model through the bridge")
+    ev.set_defaults(run=cmd_eval)
+    args = parser.parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
