@@ -102,6 +102,34 @@ def cmd_record(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- build
 
 
+def _forwarding_replay(recording: Path, upstream: str | None) -> Any:
+    """A replay server that answers recorded requests and, with ``upstream``, sends every other one
+    there (an OpenAI-compatible URL, e.g. the bridge) and records its answer: a prompt change then
+    costs only the requests it changes."""
+    import urllib.request
+
+    from tmem.providers.recording import RecordedAnswer, ReplayServer, read_recording, request_key
+
+    class Forwarding(ReplayServer):
+        def answer(self, body: Any) -> tuple[int, dict[str, Any]]:
+            key = request_key(body.get("messages") or [], body.get("response_format"))
+            if key in self.answers or upstream is None:
+                return super().answer(body)
+            request = urllib.request.Request(upstream.rstrip("/") + "/chat/completions", method="POST",
+                                             data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=6000) as reply:
+                payload = json.loads(reply.read())
+            choice = payload["choices"][0]
+            with self._lock:
+                self.answers[key] = RecordedAnswer("forwarded", choice["message"]["content"], choice["finish_reason"])
+                self.forwarded += 1
+            return 200, payload
+
+    server = Forwarding(read_recording(recording) if recording.exists() else {})
+    server.forwarded = 0
+    return server
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     env = _env()
     env.setdefault("PREFECT_HOME", str(args.store / "prefect-home"))
@@ -109,9 +137,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     subprocess.run([*tmem, "ingest", str(args.archive), "--store", str(args.store), "--json"], check=True, env=env)
     replay = None
     if args.replay is not None:
-        from tmem.providers.recording import ReplayServer, read_recording
-
-        replay = ReplayServer(read_recording(args.replay)).__enter__()
+        replay = _forwarding_replay(args.replay, args.upstream).__enter__()
         env.update(TMEM_LLM_BASE_URL=replay.base_url, TMEM_LLM_API_KEY="replay", TMEM_LLM_PROVIDER="openai")
         env.setdefault("TMEM_LLM_MODEL", "capable-bridge")
     started = time.perf_counter()
@@ -120,8 +146,8 @@ def cmd_build(args: argparse.Namespace) -> int:
                               text=True)
     finally:
         if replay is not None:
-            print(f"replay: served {replay.served}, not in the recording {len(replay.missed)} "
-                  f"{Counter(replay.missed).most_common()}", file=sys.stderr)
+            print(f"replay: served {replay.served}, forwarded {replay.forwarded}, not in the recording "
+                  f"{len(replay.missed)} {Counter(replay.missed).most_common()}", file=sys.stderr)
             replay.__exit__(None, None, None)
     (args.store / "build.json").write_text(done.stdout, encoding="utf-8")
     sys.stderr.write(done.stderr[-3000:])
@@ -147,17 +173,55 @@ def variant_config(memory: Any, spec: str) -> Any:
     return config.with_(name=spec, **changes) if changes else config
 
 
-def _systems(store: Path, presets: list[str], vectors: Any, turns: dict[str, Any], budget_k: int) -> list[Any]:
+class Reindexed:
+    """The store's built memory with its views embedded anew by this checkout's rules (no LLM call):
+    measures a change of views or index on memory built before it."""
+
+    def __init__(self, store: Path, embedder: Any) -> None:
+        self.store, self.embedder = store, embedder
+        self._indexes: dict[str, Any] = {}
+
+    def index(self, conversation_id: str, **_: Any) -> Any:
+        from tmem.index.embed import embed_memory_views
+        from tmem.retrieval.index import VectorBundle, build_index
+        from tmem.store.conversations import load_turns
+        from tmem.store.duck import connect
+        from tmem.store.memory_rows import read_memory
+
+        if conversation_id not in self._indexes:
+            con = connect(self.store, read_only=True)
+            try:
+                memory, turns = read_memory(con, conversation_id), load_turns(con, conversation_id)
+            finally:
+                con.close()
+            rows = embed_memory_views(memory, {t.turn_id: t for t in turns}, self.embedder)
+            bundle = VectorBundle.from_columns([r.owner_kind for r in rows], [r.owner_id for r in rows],
+                                               [r.view for r in rows], [r.ordinal for r in rows],
+                                               [r.vector for r in rows])
+            self._indexes[conversation_id] = build_index(
+                conversation_id, memory.scenes, memory.topics, memory.items, memory.item_triggers,
+                memory.scene_triggers, memory.personas, turns, bundle)
+        return self._indexes[conversation_id]
+
+
+def _snapshot(memory: Any, reindex: Reindexed | None) -> Any:
+    return reindex if reindex is not None else memory.snapshot()
+
+
+def _systems(store: Path, presets: list[str], vectors: Any, turns: dict[str, Any], budget_k: int,
+             reindex: Reindexed | None = None) -> list[Any]:
     from tmem.eval.baselines import baseline
     from tmem.eval.tmem_system import TmemRetriever, TmemSearcher
     from tmem.query.memory import Memory
     from tmem.settings import load_settings
 
     memory = Memory.open(store, load_settings(store=store), embedder=vectors.embedder)
-    systems: list[Any] = [
-        TmemRetriever(TmemSearcher(memory, p, vectors, budget_k=budget_k, config=variant_config(memory, p)))
-        for p in presets
-    ]
+    systems: list[Any] = []
+    for p in presets:
+        searcher = TmemSearcher(memory, p, vectors, budget_k=budget_k, config=variant_config(memory, p))
+        if reindex is not None:
+            searcher.snapshot = reindex
+        systems.append(TmemRetriever(searcher))
     return [*systems, baseline("flat", turns.__getitem__, vectors)]
 
 
@@ -175,14 +239,15 @@ def _recall_table(examples: list[Any], systems: list[Any]) -> dict[str, Any]:
     return out
 
 
-def _diagnose(store: Path, preset: str, vectors: Any, examples: list[Any], k: int) -> dict[str, Any]:
+def _diagnose(store: Path, preset: str, vectors: Any, examples: list[Any], k: int,
+              reindex: Reindexed | None = None) -> dict[str, Any]:
     from tmem.eval.diagnostics import diagnose, summarise
     from tmem.query.memory import Memory
     from tmem.retrieval.cascade import search
     from tmem.settings import load_settings
 
     memory = Memory.open(store, load_settings(store=store), embedder=vectors.embedder)
-    snapshot = memory.snapshot()
+    snapshot = _snapshot(memory, reindex)
     config = variant_config(memory, preset).with_(k_scenes=k, k_items=k)
     found = []
     for e in examples:
@@ -192,13 +257,15 @@ def _diagnose(store: Path, preset: str, vectors: Any, examples: list[Any], k: in
     return summarise(found).as_dict()
 
 
-def _memory_shape(store: Path, vectors: Any, conversation_id: str, cue_examples: list[Any]) -> dict[str, Any]:
+def _memory_shape(store: Path, vectors: Any, conversation_id: str, cue_examples: list[Any],
+                  reindex: Reindexed | None = None) -> dict[str, Any]:
     from statistics import median
 
     from tmem.query.memory import Memory
     from tmem.settings import load_settings
 
-    index = Memory.open(store, load_settings(store=store), embedder=vectors.embedder).snapshot().index(conversation_id)
+    memory = Memory.open(store, load_settings(store=store), embedder=vectors.embedder)
+    index = _snapshot(memory, reindex).index(conversation_id)
     sizes = [len(t) for t in index.scenes.turn_ids]
     horizons = int(index.scenes.hor_owner.size)
     cue_scenes = []
@@ -230,6 +297,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     presets = [p for p in args.presets.split(",") if p]
     vectors = VectorMemo(embedder_for(load_settings(store=args.store), None))
+    if args.window_turns is not None:  # a dialogue-window size to compare (with --reindex)
+        import tmem.index.embed
+
+        tmem.index.embed.DIALOGUE_WINDOW_TURNS = args.window_turns or None  # type: ignore[misc]
+    reindex = Reindexed(args.store, vectors.embedder) if args.reindex else None
     parts: dict[str, Any] = {}
     sets = {"evidence": load_locomo_qa(args.data)[0]}
     if args.cues is not None:
@@ -240,17 +312,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         examples, _ = check_evidence(examples, turns)
         examples = [e for e in examples if e.evidence]
         vectors.prefetch(e.question for e in examples)
-        systems = _systems(args.store, presets, vectors, turns, budget_k=max(KS))
+        systems = _systems(args.store, presets, vectors, turns, budget_k=max(KS), reindex=reindex)
         parts[name] = {"questions": len(examples), "recall": _recall_table(examples, systems),
-                       "channels_at_5": {p: _diagnose(args.store, p, vectors, examples, 5) for p in presets}}
-    shape = _memory_shape(args.store, vectors, conversation_id, sets.get("cue", []))
+                       "channels_at_5": {p: _diagnose(args.store, p, vectors, examples, 5, reindex) for p in presets}}
+    shape = _memory_shape(args.store, vectors, conversation_id, sets.get("cue", []), reindex)
     health = json.loads(args.build_json.read_text(encoding="utf-8")) if args.build_json else None
     report = {
         "label": args.label, "store": str(args.store), "conversation_id": conversation_id, "presets": presets,
         "embedding_model": load_settings(store=args.store).embedding_model, "memory": shape,
         "construction": _health(health) if health else None, **parts,
         "seconds": round(time.perf_counter() - started, 1), "load_avg": os.getloadavg()[0],
-        "source": args.source,
+        "source": args.source, "reindexed": bool(args.reindex),
     }
     out = RESULTS / f"real_model_{args.label}.json"
     out.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -318,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--archive", type=Path, required=True)
     b.add_argument("--store", type=Path, required=True)
     b.add_argument("--replay", type=Path, default=None, help="a recording to replay instead of TMEM_LLM_BASE_URL")
+    b.add_argument("--upstream", default=None, help="with --replay: send requests the recording lacks here (e.g. the bridge)")
     b.set_defaults(run=cmd_build)
     ev = sub.add_parser("eval")
     ev.add_argument("--store", type=Path, required=True)
@@ -327,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--build-json", type=Path, default=None, help="`tmem build --json` output of the build")
     ev.add_argument("--label", required=True)
     ev.add_argument("--source", default="built by a capable model through the bridge")
+    ev.add_argument("--window-turns", type=int, default=None, help="with --reindex: turns per dialogue window (0: no limit)")
+    ev.add_argument("--reindex", action="store_true",
+                    help="embed the stored memory's views anew with this checkout's rules (no LLM call)")
     ev.set_defaults(run=cmd_eval)
     args = parser.parse_args(argv)
     code: int = args.run(args)

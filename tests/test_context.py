@@ -16,6 +16,7 @@ from tmem.retrieval.context import (
     estimate_tokens,
     format_context,
     format_date,
+    render_scene,
 )
 
 MAY8 = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
@@ -123,15 +124,55 @@ def test_budget_drops_lowest_ranked_units_first():
 
 def test_tail_of_the_interleaved_order_goes_first():
     # 2 scenes and 4 items: relative ranks s0 .5, s1 1.0, i0 .25, i1 .5, i2 .75, i3 1.0;
-    # the drop order from the end is i3, s1, i2, …
+    # the priority order is i0, s0, i1, i2, s1, i3: i3 is the last to enter
     scenes = [scene(n, words=2) for n in range(2)]
     items = [item(n) for n in range(4)]
     full = format_context(result(scenes, items), 100_000).report.tokens_used
     one = format_context(result(scenes, items), full - 1).report
     assert (one.scenes_dropped, one.items_dropped) == (0, 1)
-    without_i3 = format_context(result(scenes, items[:3]), 100_000).report.tokens_used
-    two = format_context(result(scenes, items), without_i3 - 1).report
-    assert (two.scenes_dropped, two.items_dropped) == (1, 1)
+
+
+def test_a_unit_that_does_not_fit_is_skipped_and_smaller_ones_still_enter():
+    """The old rule dropped everything after the first unit that did not fit; now a long scene that
+    does not fit gives its room to the items ranked after it."""
+    scenes = [scene(0, words=2), scene(1, words=200)]
+    items = [item(n) for n in range(4)]
+    without_s1 = format_context(result(scenes[:1], items), 100_000).report.tokens_used
+    out = format_context(result(scenes, items), without_s1)
+    assert (out.report.scenes_dropped, out.report.items_dropped) == (1, 0)
+    assert out.kept_items == ("i0", "i1", "i2", "i3") and list(out.kept_turns) == ["s0"]
+
+
+def long_scene() -> ScoredScene:
+    """Six turns; its windows (best first) are turns 4-5, then 0-1, then 2-3."""
+    turns = tuple(turn(f"D1:{k + 1}", "Caroline", f"Turn {k} " + "words " * 30, MAY8) for k in range(6))
+    return ScoredScene(scene_id="s9", title="Long talk", turns=turns, start_time=MAY8, end_time=MAY9, score=1.0,
+                       channels=("dialogue",), windows=((4, 6), (0, 2), (2, 4)))
+
+
+def test_a_small_budget_hands_over_the_window_that_matched():
+    s9 = long_scene()
+    whole = format_context(result([s9], []), 100_000)
+    assert whole.report.scenes_partial == 0 and "[…]" not in whole.text
+
+    def cost(keep: set[int]) -> int:
+        return estimate_tokens(SCENES_HEADER + "\n\n" + render_scene(s9, keep))
+
+    core = format_context(result([s9], []), cost({4, 5}))
+    assert core.kept_turns == {"s9": ("D1:5", "D1:6")} and core.report.scenes_partial == 1
+    assert "Turn 4" in core.text and "Turn 0" not in core.text and core.text.count("[…]") == 1
+    grown = format_context(result([s9], []), cost({0, 1, 4, 5}))  # the second-best window comes next
+    assert grown.kept_turns == {"s9": ("D1:1", "D1:2", "D1:5", "D1:6")} and grown.report.turns_kept == 4
+    assert grown.text.count("[…]") == 1  # one gap, between turn 1 and turn 4
+    assert format_context(result([s9], []), cost({4, 5}) - 1).report.scenes_kept == 0
+
+
+def test_reserved_hits_enter_first():
+    s0, s1 = scene(0, words=60), scene(1, words=60)
+    s1 = ScoredScene(**{**{f: getattr(s1, f) for f in s1.__slots__}, "reserved": True})
+    budget = format_context(result([s0], []), 100_000).report.tokens_used
+    out = format_context(result([s0, s1], []), budget)
+    assert list(out.kept_turns) == ["s1"]  # the reserved SceneCue hit, though ranked second
 
 
 def test_persona_is_outside_the_budget_and_zero_budget_keeps_nothing():

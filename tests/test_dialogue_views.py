@@ -73,7 +73,7 @@ def test_a_match_late_in_a_long_scene_reaches_the_dialogue_channel():
                     scene_triggers=(), personas=())
     rows = embed_memory_views(memory, by_id, _Limited())
     dlg = [r for r in rows if r.view == "dlg" and r.owner_id == "s0"]
-    assert len(dlg) > 1 and [r.ordinal for r in dlg] == list(range(len(dlg)))
+    assert len(dlg) == 13 and [r.ordinal for r in dlg] == [16 * n for n in range(13)]  # a window names its first turn
     assert len(memory_views(memory, by_id)) < len(rows)  # without a budget: one dlg row per scene
     bundle = VectorBundle.from_columns([r.owner_kind for r in rows], [r.owner_id for r in rows],
                                        [r.view for r in rows], [r.ordinal for r in rows], [r.vector for r in rows])

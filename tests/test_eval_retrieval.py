@@ -286,11 +286,12 @@ def test_tmem_units_cover_scene_turns_and_item_sources(tmem_store: tuple[Path, P
     result = searcher.result(q, 6)
     for budget in (60, 150, 400):
         ctx = full.within_budget(q, budget)
-        report = format_context(result, budget).report
+        formatted = format_context(result, budget)
+        report = formatted.report
         assert ctx.tokens == report.tokens_used <= budget
         assert ctx.units == report.scenes_kept + report.items_kept
-        kept_scenes = result.scenes[: report.scenes_kept]
-        assert {t.turn_id for s in kept_scenes for t in s.turns} <= ctx.turn_ids
+        # the turns the answer model reads (whole scenes or their best windows) are what counts
+        assert {t for ids in formatted.kept_turns.values() for t in ids} <= ctx.turn_ids
 
 
 def run_cli(argv: list[str], store: Path) -> tuple[int, str]:

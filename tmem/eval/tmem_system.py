@@ -14,7 +14,7 @@ passed to the cascade as its query vector; results are memoised per (question, k
 from __future__ import annotations
 
 from tmem.eval.examples import QAExample
-from tmem.eval.retrieval_metrics import Context, RetrievedUnit, VectorMemo, context_of
+from tmem.eval.retrieval_metrics import Context, RetrievedUnit, VectorMemo
 from tmem.query.memory import Memory, MemorySnapshot
 from tmem.retrieval.cascade import SearchResult, search
 from tmem.retrieval.config import RetrievalConfig
@@ -84,11 +84,10 @@ class TmemRetriever:
         result = self.searcher.result(example, self.searcher.budget_k)
         if self.scenes_only:
             result = SearchResult(result.conversation_id, result.query, result.mode, result.scenes, (), result.personas)
-        report = format_context(result, budget).report
-        # format_context drops from the end of the interleaved rank order: the kept units are
-        # prefixes of the scenes and of the items.
+        formatted = format_context(result, budget)
+        # exactly what the answer model would read: the scene turns shown and the items kept (an
+        # item covers the turns of its source scenes, as at k)
         units = self.searcher.units(example, result, scenes_only=self.scenes_only)
-        scenes = [u for u in units if u.kind == "scene"][: report.scenes_kept]
-        items = [u for u in units if u.kind == "item"][: report.items_kept]
-        kept = context_of([*scenes, *items])
-        return Context(kept.turn_ids, kept.units, report.tokens_used)
+        items = [u for u in units if u.kind == "item" and u.unit_id in set(formatted.kept_items)]
+        turns = frozenset(t for ids in formatted.kept_turns.values() for t in ids) | {t for u in items for t in u.turn_ids}
+        return Context(turns, len(formatted.kept_turns) + len(items), formatted.report.tokens_used)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tmem.domain import Memory, Turn
-from tmem.index.views import memory_views, word_budget
+from tmem.index.views import DIALOGUE_WINDOW_TURNS, memory_views, word_budget
 from tmem.providers.base import Embedder
 from tmem.store.lance import VectorRow
 
@@ -13,7 +13,8 @@ from tmem.store.lance import VectorRow
 def embed_memory_views(memory: Memory, turns_by_id: Mapping[str, Turn], embedder: Embedder) -> list[VectorRow]:
     """One L2-normalised vector per view text, in :func:`memory_views` order; dialogue views are
     chunked to fit the embedder's input."""
-    views = memory_views(memory, turns_by_id, dialogue_words=word_budget(embedder.max_input_tokens))
+    views = memory_views(memory, turns_by_id, dialogue_words=word_budget(embedder.max_input_tokens),
+                         dialogue_turns=DIALOGUE_WINDOW_TURNS)
     matrix = embedder.embed([v.text for v in views])
     return [
         VectorRow(

@@ -3,7 +3,7 @@
 Dense node views: topic ``summary``; scene ``summary`` (title + summary); item ``content``.
 Item trigger views: ``con`` (entity concepts), ``brg`` (bridge situations), ``joint``
 (entities ‖ bridges ‖ rationales). Scene trigger views: ``dlg`` (the scene's dialogue, one row
-per chunk of consecutive turns that fits the encoder's input, see :func:`dialogue_chunks`),
+per window of a few consecutive turns that fits the encoder's input, see :func:`dialogue_windows`),
 ``scn`` (the four attributes), ``hor`` (one row per non-empty horizon sentence). The query side
 scores a multi-row view by its best row. A view with no text produces no row; the query side
 reads a missing view as NaN.
@@ -25,7 +25,10 @@ OwnerKind = Literal["topic", "scene", "item"]
 
 VIEWS_VERSION = 2
 """Bump when the texts of the views change for the same memory (part of the build fingerprint).
-2: ``dlg`` in chunks that fit the encoder."""
+2: ``dlg`` in windows of turns that fit the encoder, ordinals naming their first turn."""
+DIALOGUE_WINDOW_TURNS = 3
+"""Turns per ``dlg`` window: about a remark, its reply and a follow-up (LoCoMo turns average 24 words),
+so a window matches one moment of a scene, and the context can hand over that moment alone."""
 PIECES_PER_WORD = 1.6
 """Word pieces per whitespace word assumed when sizing a chunk (measured on LoCoMo dialogue lines with
 MiniLM's tokenizer: mean 1.37, 90th percentile 1.56)."""
@@ -57,40 +60,79 @@ def dialogue_lines(turn_ids: tuple[str, ...], turns_by_id: Mapping[str, Turn]) -
     return [f"{turns_by_id[t].speaker}: {turns_by_id[t].text}" for t in turn_ids if t in turns_by_id]
 
 
-def dialogue_chunks(turn_ids: tuple[str, ...], turns_by_id: Mapping[str, Turn], max_words: int | None) -> list[str]:
-    """The scene's dialogue in chunks of consecutive whole turns of at most ``max_words`` words each
-    (a longer turn is cut into pieces of ``max_words`` words on its own); one chunk when unlimited."""
+PIECES_PER_TURN = 16
+"""A ``dlg`` row's ordinal is ``PIECES_PER_TURN × (position of its first turn in the scene) + piece``
+(piece > 0 only for the further pieces of one over-long turn), so every row says which turns it
+covers: from its first turn up to the next row's first turn. The query side uses it to hand over
+the window of a scene that matched instead of the whole scene."""
+
+
+@dataclass(frozen=True)
+class DialogueWindow:
+    first: int  # position in the scene of the window's first turn
+    piece: int  # 0, or the piece number of an over-long turn cut into several rows
+    text: str
+
+    @property
+    def ordinal(self) -> int:
+        return PIECES_PER_TURN * self.first + self.piece
+
+
+def dialogue_windows(
+    turn_ids: tuple[str, ...], turns_by_id: Mapping[str, Turn], max_words: int | None, max_turns: int | None
+) -> list[DialogueWindow]:
+    """The scene's dialogue in windows of at most ``max_turns`` consecutive whole turns and
+    ``max_words`` words (a longer turn is cut into pieces of ``max_words`` words of its own).
+    Unlimited both ways: one window, the whole scene."""
     lines = dialogue_lines(turn_ids, turns_by_id)
-    if not lines:
-        return []
-    if max_words is None:
-        return ["\n".join(lines)]
-    chunks: list[list[str]] = []
+    windows: list[tuple[int, list[str]]] = []
+    out: list[DialogueWindow] = []
     size = 0
-    for line in lines:
+    for position, line in enumerate(lines):
         words = line.split()
-        if len(words) > max_words:
-            chunks.extend([" ".join(words[i : i + max_words])] for i in range(0, len(words), max_words))
-            size = max_words  # nothing joins a cut turn's last piece
+        if max_words is not None and len(words) > max_words:
+            pieces = [" ".join(words[i : i + max_words]) for i in range(0, len(words), max_words)]
+            pieces = pieces[:PIECES_PER_TURN]  # a turn of 2,500 words is cut after 16 pieces (never seen)
+            windows.append((position, []))  # closes the current window; the pieces follow on their own
+            out.extend(DialogueWindow(position, n, text) for n, text in enumerate(pieces))
+            size = max_words
             continue
-        if not chunks or size + len(words) > max_words:
-            chunks.append([])
+        full = windows and windows[-1][1] and (
+            (max_words is not None and size + len(words) > max_words)
+            or (max_turns is not None and len(windows[-1][1]) >= max_turns)
+        )
+        if not windows or not windows[-1][1] or full:
+            windows.append((position, []))
             size = 0
-        chunks[-1].append(line)
+        windows[-1][1].append(line)
         size += len(words)
-    return ["\n".join(chunk) for chunk in chunks]
+    out.extend(DialogueWindow(first, 0, "\n".join(window)) for first, window in windows if window)
+    return sorted(out, key=lambda w: w.ordinal)
 
 
-def memory_views(memory: Memory, turns_by_id: Mapping[str, Turn], *, dialogue_words: int | None = None) -> list[ViewText]:
-    """Every embeddable view of a conversation's memory, in a deterministic order.
-    ``dialogue_words``: words per ``dlg`` chunk (:func:`word_budget` of the encoder; None: one chunk)."""
+def dialogue_chunks(turn_ids: tuple[str, ...], turns_by_id: Mapping[str, Turn], max_words: int | None) -> list[str]:
+    """The texts of :func:`dialogue_windows` with no turn limit (whole turns up to ``max_words``)."""
+    return [w.text for w in dialogue_windows(turn_ids, turns_by_id, max_words, None)]
+
+
+def window_start(ordinal: int) -> int:
+    """The position in its scene of the first turn of the ``dlg`` row with this ordinal."""
+    return ordinal // PIECES_PER_TURN
+
+
+def memory_views(
+    memory: Memory, turns_by_id: Mapping[str, Turn], *, dialogue_words: int | None = None,
+    dialogue_turns: int | None = None,
+) -> list[ViewText]:
+    """Every embeddable view of a conversation's memory, in a deterministic order. ``dialogue_words``
+    / ``dialogue_turns``: size of a ``dlg`` window (:func:`word_budget` of the encoder; None: unlimited)."""
     out: list[ViewText] = []
     for topic in memory.topics:
         out.append(ViewText("topic", topic.topic_id, "summary", 0, topic.summary))
     for scene in memory.scenes:
         out.append(ViewText("scene", scene.scene_id, "summary", 0, f"{scene.title}. {scene.summary}"))
-        for ordinal, chunk in enumerate(dialogue_chunks(scene.turn_ids, turns_by_id, dialogue_words)):
-            out.append(ViewText("scene", scene.scene_id, "dlg", ordinal, chunk))
+        for window in dialogue_windows(scene.turn_ids, turns_by_id, dialogue_words, dialogue_turns):
+            out.append(ViewText("scene", scene.scene_id, "dlg", window.ordinal, window.text))
     for st in memory.scene_triggers:
         attrs = " ".join(getattr(st, a).strip() for a in SCENE_ATTRIBUTES if getattr(st, a).strip())
         if attrs:

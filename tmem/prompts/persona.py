@@ -12,7 +12,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import DialogueBlock, assemble
 
 OPERATION = "persona"
-VERSION = "2"
+VERSION = "3"
 MAX_ENTRIES = 12
 
 
@@ -20,7 +20,10 @@ class TimelineEntry(BaseModel):
     fact: str = Field(min_length=1, description="A standing fact about the speaker's life (job, home, family, status).")
     since: str | None = Field(
         default=None,
-        description="When it became true, as YYYY-MM-DD or YYYY-MM, resolved from the turn dates; else null.",
+        description=(
+            "When it became true, as precisely as the turns tell and no more: YYYY-MM-DD, YYYY-MM or YYYY "
+            "('four years ago' said in 2023 → 2019), resolved from the turn dates; else null."
+        ),
     )
 
 

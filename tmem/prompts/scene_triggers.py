@@ -11,7 +11,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import assemble
 
 OPERATION = "scene_triggers"
-VERSION = "2"
+VERSION = "3"
 
 
 class SceneNarrative(BaseModel):
@@ -28,8 +28,8 @@ class SceneTriggerInput(BaseModel):
 
 
 HORIZON_HELP = (
-    "Write it as one short line the person might say then, in the first person and in words of "
-    "that later moment rather than the scene's; empty when the scene gives this channel nothing."
+    "One sentence in general terms (the kinds of situation, not one invented instance of them), saying "
+    "what of the scene they would call back; empty when the scene gives this channel nothing."
 )
 
 
@@ -41,26 +41,27 @@ class SceneTriggerAnswer(BaseModel):
     emotion: str = Field(min_length=1, description="One sentence: how the speakers felt.")
     personal_arc: str = Field(
         default="",
-        description="A later moment in which what happened here shows in how the person sees or carries "
-        "themselves. " + HORIZON_HELP,
+        description="Later situations in which what happened here shows in how the person sees themselves or "
+        "what they now feel able or unable to do. " + HORIZON_HELP,
     )
     avoidance_habit: str = Field(
         default="",
-        description="A later moment in which the person holds back, hesitates, avoids something or takes a "
+        description="Later situations in which the person would hold back, hesitate, avoid something or take a "
         "precaution because of this. " + HORIZON_HELP,
     )
     goal_arc: str = Field(
         default="",
-        description="A later step, success or setback of an aim this scene points to. " + HORIZON_HELP,
+        description="Later steps, successes or setbacks of an aim this scene points to. " + HORIZON_HELP,
     )
     belief_in_action: str = Field(
         default="",
-        description="A later choice or dilemma that the value shown here would decide. " + HORIZON_HELP,
+        description="Later choices or dilemmas that the value shown here would decide, including seeing others "
+        "act against it. " + HORIZON_HELP,
     )
     legacy_anchor: str = Field(
         default="",
-        description="A later moment in which the person passes this on: advice, a story told, a habit "
-        "taught, something left to others. " + HORIZON_HELP,
+        description="Later situations in which the person would pass this on: advising someone, telling the "
+        "story, teaching the habit, leaving something to others. " + HORIZON_HELP,
     )
 
 
@@ -72,14 +73,14 @@ SYSTEM = (
     "You add recall cues to scenes of a long chat between two people, reading each scene's "
     "narrative. First describe the scene itself in four sentences: situation, object, event and "
     "emotion. Then look ahead along five horizons for the person whose matter the scene is (either "
-    "speaker when they share it). Each horizon imagines a later moment, weeks or months on, in "
-    "which that person would bring this scene up or act because of it, although that "
-    "later moment is about something else and shares few words with the scene: a later step of "
-    "the same plan, a situation the person now handles differently, a choice the same value "
-    "decides, advice they pass on. Write each as the person might put it then, so that it matches "
-    "how they will talk, not how the scene was told. The later moment is imagined, but its link "
-    "to the scene must follow from the narrative: invent no facts about what happened, and leave a "
-    "channel empty when no such moment follows from the scene."
+    "speaker when they share it). Each horizon names the kind of later situation, weeks or months "
+    "on, in which this scene would matter to that person again: described in general terms, broad "
+    "enough to cover the different ways it could come up (a similar request, another mishap of the "
+    "same sort, a choice of the same kind, someone else in the same spot), and saying what of the "
+    "scene it would call back (the decision, the worry, the habit, the lesson). A later conversation "
+    "about such a situation may share no words with the scene, so use the words that situation "
+    "would bring. Invent no facts about what happened, and leave a channel empty when no such later "
+    "situation follows from the scene."
 )
 
 TASK = "Write the scene and horizon cues of each scene."
@@ -92,10 +93,14 @@ EXAMPLE = {
             "object": "The marathon medal Ben earned.",
             "event": "Ben finished the race in under four hours.",
             "emotion": "Ben was proud and exhausted.",
-            "personal_arc": "These days I actually call myself a runner when people ask what I do for fun.",
-            "avoidance_habit": "I skipped the office pizza night because I'm tapering before the half in May.",
-            "goal_arc": "I signed up for Boston qualifying, so the next months are all interval training.",
-            "belief_in_action": "The new project looks impossible, but I'll take it one week at a time like training.",
+            "personal_arc": "When Ben describes himself or takes on something demanding, finishing the marathon "
+            "would shape how he sees his own stamina and discipline.",
+            "avoidance_habit": "Before late nights, heavy meals or lost sleep ahead of a race or another big day, Ben "
+            "would hold back to protect what his training built.",
+            "goal_arc": "Any next race, qualifying time or training plan would be the next step after his first "
+            "marathon finish.",
+            "belief_in_action": "When a big task at work or at home looks out of reach, his belief in steady, "
+            "step-by-step training would guide how he takes it on.",
             "legacy_anchor": "",
         }
     ]

@@ -31,6 +31,7 @@ from tmem.retrieval.scoring import (
     ranks_from_order,
     robust_z,
     segment_max,
+    segment_mean,
     select,
     tokenize,
     top_k,
@@ -47,6 +48,10 @@ _ITEM_CHANNELS: tuple[Channel, ...] = ("lexical", "dense", "entity_bridge")
 
 @dataclass(frozen=True, slots=True)
 class ScoredScene:
+    """A returned scene. ``windows``: its dialogue windows as ``[first, end)`` positions into
+    ``turns``, best matching the query first (the context hands over the best ones when the
+    whole scene does not fit); empty when the index has no windows (the whole scene is one)."""
+
     scene_id: str
     title: str
     turns: tuple[Turn, ...]
@@ -54,6 +59,8 @@ class ScoredScene:
     end_time: datetime
     score: float
     channels: tuple[Channel, ...]
+    windows: tuple[tuple[int, int], ...] = ()
+    reserved: bool = False  # held by the 'reserved' fusion rule: kept first when a budget trims
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +73,7 @@ class ScoredItem:
     score: float
     channels: tuple[Channel, ...]
     time: ItemTime | None = None  # the full time (granularity, span end, phrase, source); None: a plain day
+    reserved: bool = False  # held by the 'reserved' fusion rule: kept first when a budget trims
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +93,14 @@ class SearchResult:
 class _Query:
     index: ConversationIndex
     config: RetrievalConfig
+    query_text: str
     q: F32 | None
     bm25_topics: F32
     bm25_scenes: F32
     bm25_items: F32
     stages: list[StageTrace] | None  # None: no trace requested
     scene_cue: dict[str, F32] = field(default_factory=dict)  # SceneCue view scores over all scenes
+    window_sims: F32 | None = None  # cos(q, dlg window) of every window, once computed
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +108,7 @@ class _Selection:
     chosen: I64
     scores: F64
     channels: dict[int, tuple[Channel, ...]]
+    reserved: frozenset[int] = frozenset()
 
 
 def _query_vector(index: ConversationIndex, query_vector: npt.ArrayLike | None) -> F32 | None:
@@ -145,12 +156,48 @@ def _best_horizon(idx: ConversationIndex, sims: F32, scene: int) -> str:
     return idx.scenes.hor_labels[int(rows[np.argmax(sims[rows])])] if rows.size else ""
 
 
+def _window_sims(c: _Query) -> F32:
+    if c.window_sims is None:
+        assert c.q is not None
+        c.window_sims = cosine_scores(c.index.scenes.dlg, c.q)
+    return c.window_sims
+
+
+def _dialogue_scores(c: _Query) -> F32:
+    sims, owners, n = _window_sims(c), c.index.scenes.dlg_owner, c.index.n_scenes
+    pool = c.config.dialogue_pool
+    if pool == "mean":
+        return segment_mean(sims, owners, n)
+    if pool == "max_mean":
+        return np.asarray((segment_max(sims, owners, n) + segment_mean(sims, owners, n)) / 2, dtype=np.float32)
+    return segment_max(sims, owners, n)
+
+
+def _scene_windows(c: _Query, scene: int) -> tuple[tuple[int, int], ...]:
+    """The scene's dialogue windows best first: by cosine to the query (hybrid), else by how many
+    query tokens their turns hold (lexical); ties in scene order."""
+    sc = c.index.scenes
+    rows = np.flatnonzero(sc.dlg_owner == scene)
+    if rows.size == 0:
+        return ()
+    spans = [(int(sc.dlg_span[r, 0]), int(sc.dlg_span[r, 1])) for r in rows.tolist()]
+    if c.q is not None:
+        sims = _window_sims(c)[rows]
+        keys = [-(float(v) if np.isfinite(v) else -2.0) for v in sims]
+    else:
+        wanted = set(tokenize(c.query_text))
+        turns = sc.turns[scene]
+        keys = [-len(wanted & {t for turn in turns[a:b] for t in tokenize(turn.text)}) for a, b in spans]
+    order = sorted(range(len(spans)), key=lambda k: (keys[k], spans[k]))
+    return tuple(dict.fromkeys(spans[k] for k in order))  # pieces of one cut turn share a span
+
+
 def _scene_cue(c: _Query) -> tuple[I64, dict[Channel, F64]]:
     """Stage 2: RRF of cos(q, dlg), cos(q, scn), max cos(q, hor) over ALL scenes → top k_cue = A_S."""
     idx, cfg, q = c.index, c.config, c.q
     if q is None or cfg.k_cue == 0:
         return _EMPTY, {}
-    views: dict[Channel, F32] = {"dialogue": segment_max(cosine_scores(idx.scenes.dlg, q), idx.scenes.dlg_owner, idx.n_scenes)}
+    views: dict[Channel, F32] = {"dialogue": _dialogue_scores(c)}
     if cfg.scene_trigger:
         views["scene_trigger"] = cosine_scores(idx.scenes.scn, q)
     hor_sims = cosine_scores(idx.scenes.hor, q) if cfg.horizon_trigger else None
@@ -203,6 +250,7 @@ def _select_scenes(c: _Query, prefilter: Mask, cue: I64, cue_ranks: dict[Channel
         reserve=cfg.reserved_scene_slots,
     )
     in_cue = set(cue.tolist())
+    held = _held(cfg.scene_fusion, lists.get("scene_cue"), cfg.reserved_scene_slots, cfg.k_scenes, chosen)
     channels: dict[int, tuple[Channel, ...]] = {}
     for i in chosen.tolist():
         reach: dict[Channel, tuple[float, int]] = {
@@ -228,7 +276,15 @@ def _select_scenes(c: _Query, prefilter: Mask, cue: I64, cue_ranks: dict[Channel
                 pools=pools,
             )
         )
-    return _Selection(chosen, fused, channels)
+    return _Selection(chosen, fused, channels, held)
+
+
+def _held(rule: str, assoc: F64 | None, reserve: int, k: int, chosen: I64) -> frozenset[int]:
+    """Under 'reserved': the chosen documents held by their rank in the associative list."""
+    if rule != "reserved" or assoc is None or reserve <= 0:
+        return frozenset()
+    held = top_k(-assoc, min(reserve, k), eligible=np.isfinite(assoc))
+    return frozenset(set(held.tolist()) & set(chosen.tolist()))
 
 
 def _trig_recall(c: _Query) -> I64:
@@ -293,14 +349,17 @@ def _select_items(c: _Query, scenes: I64 | None, trig: I64) -> _Selection:
         ("entity_bridge", ranks_from_order(trig, n) if trig.size else None),
     )
     assoc_row = list(lists).index("entity_bridge") if "entity_bridge" in lists else None
-    chosen, fused = select(
+    wide = cfg.k_items if cfg.item_dedupe_cosine is None else min(n, 3 * cfg.k_items)
+    ranked, fused = select(
         np.vstack(list(lists.values())),
-        cfg.k_items,
+        wide,
         cfg.item_fusion,
         cfg.k0,
         associative_row=assoc_row,
         reserve=cfg.reserved_item_slots,
     )
+    chosen, twins = _without_near_duplicates(c, ranked, cfg.k_items)
+    held = _held(cfg.item_fusion, lists.get("entity_bridge"), cfg.reserved_item_slots, cfg.k_items, chosen)
     channels: dict[int, tuple[Channel, ...]] = {}
     for i in chosen.tolist():
         # every TrigRecall hit was reached by its triggers; lexical/dense reach within kI
@@ -325,9 +384,43 @@ def _select_items(c: _Query, scenes: I64 | None, trig: I64) -> _Selection:
                 pool=pool,
                 channels=channels,
                 pools=pools,
+                details={i: f"near-duplicate of {idx.items.ids[j]}" for i, j in twins.items()},
             )
         )
-    return _Selection(chosen, fused, channels)
+    return _Selection(chosen, fused, channels, held)
+
+
+def _without_near_duplicates(c: _Query, ranked: I64, k: int) -> tuple[I64, dict[int, int]]:
+    """The first ``k`` of ``ranked`` that are no near-duplicate of a better-ranked kept item, and the
+    dropped ones → the item each duplicates. Cosine of content vectors ≥ ``item_dedupe_cosine``; an
+    item without a vector (or lexical mode) is compared by token sets (Jaccard ≥ the same threshold)."""
+    threshold = c.config.item_dedupe_cosine
+    if threshold is None:
+        return ranked[:k], {}
+    vectors, contents = c.index.items.vectors, c.index.items.contents
+    kept: list[int] = []
+    twins: dict[int, int] = {}
+    tokens: dict[int, set[str]] = {}
+    for i in ranked.tolist():
+        if len(kept) == k:
+            break
+        twin = None
+        if kept and c.q is not None and np.isfinite(vectors[i]).all():
+            sims = vectors[kept] @ vectors[i]
+            best = int(np.nanargmax(sims)) if np.isfinite(sims).any() else -1
+            twin = kept[best] if best >= 0 and sims[best] >= threshold else None
+        elif kept:
+            mine = tokens.setdefault(i, set(tokenize(contents[i])))
+            for j in kept:
+                other = tokens.setdefault(j, set(tokenize(contents[j])))
+                if mine and other and len(mine & other) / len(mine | other) >= threshold:
+                    twin = j
+                    break
+        if twin is None:
+            kept.append(i)
+        else:
+            twins[i] = twin
+    return np.asarray(kept, dtype=np.int64), twins
 
 
 def select_personas(index: ConversationIndex, speaker: str | None) -> tuple[tuple[Persona, ...], bool]:
@@ -364,6 +457,7 @@ def search(
     c = _Query(
         index=index,
         config=config,
+        query_text=query_text,
         q=q,
         bm25_topics=bm25[:n_t],
         bm25_scenes=bm25[n_t : n_t + n_s],
@@ -396,6 +490,8 @@ def search(
                 end_time=sc.end_times[i],
                 score=float(scenes.scores[i]),
                 channels=scenes.channels[i],
+                windows=_scene_windows(c, i),
+                reserved=i in scenes.reserved,
             )
             for i in scenes.chosen.tolist()
         ),
@@ -409,6 +505,7 @@ def search(
                 score=float(items.scores[i]),
                 channels=items.channels[i],
                 time=it.times[i],
+                reserved=i in items.reserved,
             )
             for i in items.chosen.tolist()
         ),

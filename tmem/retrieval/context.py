@@ -6,22 +6,34 @@ Tokens are *estimated*, not counted with a model tokenizer (none is downloaded):
 ~10-20 % of BPE counts on dialogue. The budget covers scenes and items; personas are ambient
 context appended outside it (DESIGN §4 step 6) and reported separately.
 
-When scenes and items exceed the budget, the lowest-ranked units are dropped first. Scenes and
-items are interleaved by relative rank (scene i of nS at (i+1)/nS, item j of nI at (j+1)/nI, a
-scene before an item on ties) and dropped from the end of that order, so neither kind is
-emptied while the other keeps its tail.
+Packing. A whole scene costs its whole dialogue (~45 tokens a turn), so at a small budget one
+scene would crowd out everything else. Units are therefore taken in priority order — first the
+hits the ``reserved`` fusion rule holds, then scenes and items interleaved by relative rank
+(scene i of nS at (i+1)/nS, item j of nI at (j+1)/nI, a scene before an item on ties) — and:
+
+1. each unit enters with its core: an item whole, a scene with its best-matching dialogue window
+   (:attr:`~tmem.retrieval.cascade.ScoredScene.windows`; the whole scene when it has none); a unit
+   that does not fit is skipped and the next one tried;
+2. the budget left grows the scenes that entered, in the same order, window by window in order of
+   match, up to the whole scene.
+
+At a large budget every scene is whole and nothing is skipped; at a small one the context holds
+the moments that matched. A scene shown in part marks its gaps with ``[…]``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
 from tmem.domain import ItemTime, Persona
 from tmem.retrieval.cascade import ScoredItem, ScoredScene, SearchResult
 
 CHARS_PER_TOKEN = 4
+GAP = "[…]"
 SCENES_HEADER = "## Conversation excerpts"
 ITEMS_HEADER = "## Facts"
 PERSONAS_HEADER = "## Speakers"
@@ -68,12 +80,22 @@ def format_item_time(time: ItemTime | None, fallback: datetime | None = None) ->
     return f'{text}, "{time.phrase}"' if time.phrase else text
 
 
-def render_scene(scene: ScoredScene) -> str:
-    """A scene header with its date span, then each raw turn as ``[8 May 2023] Speaker: text``."""
+def render_scene(scene: ScoredScene, keep: Collection[int] | None = None) -> str:
+    """A scene header with its date span, then each raw turn as ``[8 May 2023] Speaker: text``;
+    ``keep``: only these turn positions (gaps marked ``[…]``)."""
     start, end = format_date(scene.start_time), format_date(scene.end_time)
     span = start if start == end else f"{start} – {end}"
     lines = [f"### {scene.title} ({span})"]
-    lines += [f"[{format_date(t.event_time)}] {t.speaker}: {t.text}" for t in scene.turns]
+    shown = range(len(scene.turns)) if keep is None else sorted(keep)
+    previous = -1
+    for position in shown:
+        if position > previous + 1 and (previous >= 0 or keep is not None):
+            lines.append(GAP)
+        t = scene.turns[position]
+        lines.append(f"[{format_date(t.event_time)}] {t.speaker}: {t.text}")
+        previous = position
+    if keep is not None and shown and previous < len(scene.turns) - 1:
+        lines.append(GAP)
     return "\n".join(lines)
 
 
@@ -103,16 +125,20 @@ class ContextReport:
     tokens_used: int  # estimated tokens of the scenes + items part (≤ budget)
     persona_tokens: int  # estimated tokens of the persona part (outside the budget)
     total_tokens: int  # estimated tokens of the whole text
-    scenes_kept: int
+    scenes_kept: int  # scenes with at least one turn in the context
     scenes_dropped: int
     items_kept: int
     items_dropped: int
+    scenes_partial: int = 0  # of the kept scenes, those shown in part (their best windows)
+    turns_kept: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class FormattedContext:
     text: str
     report: ContextReport
+    kept_turns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # scene id -> turn ids shown
+    kept_items: tuple[str, ...] = ()  # item ids shown, in rank order
 
 
 def _render_memory(scenes: list[str], items: list[str]) -> str:
@@ -124,33 +150,71 @@ def _render_memory(scenes: list[str], items: list[str]) -> str:
     return "\n\n".join(parts)
 
 
-def format_context(result: SearchResult, budget_tokens: int) -> FormattedContext:
-    """Render ``result`` as QA context, dropping the lowest-ranked scenes/items to fit the budget."""
-    if budget_tokens < 0:
-        raise ValueError(f"token budget must be ≥ 0, got {budget_tokens}")
+Unit = tuple[Literal["scene", "item"], int]
+
+
+def _priority(result: SearchResult) -> list[Unit]:
     n_s, n_i = len(result.scenes), len(result.items)
-    units = [(("scene", i), (i + 1) / n_s, 0) for i in range(n_s)] + [
+    ranked = [(("scene", i), (i + 1) / n_s, 0) for i in range(n_s)] + [
         (("item", j), (j + 1) / n_i, 1) for j in range(n_i)
     ]
-    priority = [u for u, _, _ in sorted(units, key=lambda u: (u[1], u[2]))]
-    scene_text = [render_scene(s) for s in result.scenes]
-    item_text = [render_item(it) for it in result.items]
+    order: list[Unit] = [u for u, _, _ in sorted(ranked, key=lambda u: (u[1], u[2]))]  # type: ignore[misc]
+    held = [u for u in order if (result.scenes[u[1]] if u[0] == "scene" else result.items[u[1]]).reserved]
+    return held + [u for u in order if u not in held]
 
-    kept = len(priority)
-    while True:
-        keep = set(priority[:kept])
-        memory = _render_memory(
-            [t for i, t in enumerate(scene_text) if ("scene", i) in keep],
-            [t for j, t in enumerate(item_text) if ("item", j) in keep],
+
+def _windows(scene: ScoredScene) -> list[tuple[int, int]]:
+    return list(scene.windows) or [(0, len(scene.turns))]
+
+
+def format_context(result: SearchResult, budget_tokens: int) -> FormattedContext:
+    """Render ``result`` as QA context within the budget (packing rule in the module docstring)."""
+    if budget_tokens < 0:
+        raise ValueError(f"token budget must be ≥ 0, got {budget_tokens}")
+    shown: dict[int, set[int]] = {}  # scene position -> turn positions kept
+    items: list[int] = []
+
+    def render() -> str:
+        return _render_memory(
+            [render_scene(result.scenes[i], None if len(keep) == len(result.scenes[i].turns) else keep)
+             for i, keep in sorted(shown.items()) if keep],
+            [render_item(result.items[j]) for j in sorted(items)],
         )
-        if estimate_tokens(memory) <= budget_tokens or kept == 0:
-            break
-        kept -= 1
+
+    def fits() -> bool:
+        return estimate_tokens(render()) <= budget_tokens
+
+    priority = _priority(result)
+    for kind, i in priority:  # 1. the core of every unit that fits
+        if kind == "item":
+            items.append(i)
+            if not fits():
+                items.remove(i)
+            continue
+        first, end = _windows(result.scenes[i])[0]
+        shown[i] = set(range(first, end))
+        if not fits():
+            del shown[i]
+    for kind, i in priority:  # 2. grow the scenes that entered, window by window
+        if kind != "scene" or i not in shown:
+            continue
+        before = set(shown[i])
+        shown[i] = set(range(len(result.scenes[i].turns)))
+        if fits():
+            continue
+        shown[i] = before
+        for first, end in _windows(result.scenes[i])[1:]:
+            grown = shown[i] | set(range(first, end))
+            if grown == shown[i]:
+                continue
+            previous, shown[i] = shown[i], grown
+            if not fits():
+                shown[i] = previous
+    memory = render()
     persona = "\n\n".join(render_persona(p) for p in result.personas)
     persona_block = f"{PERSONAS_HEADER}\n\n{persona}" if persona else ""
     text = "\n\n".join(part for part in (memory, persona_block) if part)
-    scenes_kept = sum(1 for kind, _ in keep if kind == "scene")
-    items_kept = len(keep) - scenes_kept
+    kept = {i: keep for i, keep in shown.items() if keep}
     return FormattedContext(
         text=text,
         report=ContextReport(
@@ -158,9 +222,14 @@ def format_context(result: SearchResult, budget_tokens: int) -> FormattedContext
             tokens_used=estimate_tokens(memory),
             persona_tokens=estimate_tokens(persona_block),
             total_tokens=estimate_tokens(text),
-            scenes_kept=scenes_kept,
-            scenes_dropped=n_s - scenes_kept,
-            items_kept=items_kept,
-            items_dropped=n_i - items_kept,
+            scenes_kept=len(kept),
+            scenes_dropped=len(result.scenes) - len(kept),
+            items_kept=len(items),
+            items_dropped=len(result.items) - len(items),
+            scenes_partial=sum(1 for i, keep in kept.items() if len(keep) < len(result.scenes[i].turns)),
+            turns_kept=sum(len(keep) for keep in kept.values()),
         ),
+        kept_turns={result.scenes[i].scene_id: tuple(result.scenes[i].turns[p].turn_id for p in sorted(keep))
+                    for i, keep in sorted(kept.items())},
+        kept_items=tuple(result.items[j].item_id for j in sorted(items)),
     )

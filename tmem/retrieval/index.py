@@ -33,6 +33,7 @@ from tmem.domain import (
     Turn,
 )
 from tmem.errors import ScopeError, StoreError, TmemError
+from tmem.index.views import window_start
 from tmem.retrieval.lexical import PrebuiltBM25, corpus_tokens, order_for_index
 from tmem.retrieval.scoring import build_bm25, l2_normalise
 
@@ -163,8 +164,9 @@ class SceneTable:
     start_times: tuple[datetime, ...]
     end_times: tuple[datetime, ...]
     vectors: F32  # title+summary
-    dlg: F32  # (nD, dim) dialogue chunks
-    dlg_owner: I64  # (nD,) scene position of each dialogue chunk
+    dlg: F32  # (nD, dim) dialogue windows
+    dlg_owner: I64  # (nD,) scene position of each dialogue window
+    dlg_span: I64  # (nD, 2) [first, end) turn positions of each window within its scene
     scn: F32
     hor: F32  # (nH, dim) flat horizon sentences
     hor_owner: I64  # (nH,) scene position of each horizon row
@@ -266,6 +268,21 @@ def _multi_view(bundle: VectorBundle, view: ViewKey, scene_pos: Mapping[str, int
     return vec, _frozen(np.asarray(owners, dtype=np.int64)), rows.ordinals.tolist()
 
 
+def _window_spans(owners: I64, ordinals: Sequence[int], scene_sizes: Sequence[int]) -> I64:
+    """``[first, end)`` turn positions of each dialogue window: from its first turn (its ordinal,
+    :func:`tmem.index.views.window_start`) to the next window's first turn of the same scene (the
+    scene's end for the last one). Pieces of one cut turn share that turn's span."""
+    starts = np.asarray([window_start(o) for o in ordinals], dtype=np.int64)
+    spans = np.zeros((len(starts), 2), dtype=np.int64)
+    for scene in np.unique(owners).tolist():
+        rows = np.flatnonzero(owners == scene)
+        firsts = sorted(set(starts[rows].tolist()))
+        ends = {f: (firsts[k + 1] if k + 1 < len(firsts) else scene_sizes[scene]) for k, f in enumerate(firsts)}
+        for r in rows.tolist():
+            spans[r] = (starts[r], ends[int(starts[r])])
+    return _frozen(spans)
+
+
 def _horizon_rows(
     bundle: VectorBundle, scene_pos: Mapping[str, int], triggers: Mapping[str, SceneTriggers], dim: int
 ) -> tuple[F32, I64, tuple[str, ...]]:
@@ -362,7 +379,8 @@ def build_index(
     topic_indptr, topic_indices = _csr(topic_groups)
     item_indptr, item_indices = _csr(scene_groups)
     hor, hor_owner, hor_labels = _horizon_rows(vectors, scene_pos, scene_trig, dim)
-    dlg, dlg_owner, _ = _multi_view(vectors, ("scene", "dlg"), scene_pos, dim)
+    dlg, dlg_owner, dlg_ordinals = _multi_view(vectors, ("scene", "dlg"), scene_pos, dim)
+    dlg_span = _window_spans(dlg_owner, dlg_ordinals, [len(s.turn_ids) for s in scenes])
     return ConversationIndex(
         conversation_id=conversation_id,
         dim=dim,
@@ -385,6 +403,7 @@ def build_index(
             vectors=_single_view(vectors, ("scene", "summary"), scene_pos, dim),
             dlg=dlg,
             dlg_owner=dlg_owner,
+            dlg_span=dlg_span,
             scn=_single_view(vectors, ("scene", "scn"), scene_pos, dim),
             hor=hor,
             hor_owner=hor_owner,

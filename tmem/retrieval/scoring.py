@@ -143,6 +143,19 @@ def segment_max(values: F32, owners: I64, n_owners: int) -> F32:
     return out
 
 
+def segment_mean(values: F32, owners: I64, n_owners: int) -> F32:
+    """Per-owner mean of the finite ``values``; owners without finite rows get NaN."""
+    total = np.zeros(n_owners, dtype=np.float64)
+    count = np.zeros(n_owners, dtype=np.float64)
+    ok = np.isfinite(values)
+    np.add.at(total, owners[ok], values[ok])
+    np.add.at(count, owners[ok], 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = total / count
+    out[count == 0] = np.nan
+    return out.astype(np.float32)
+
+
 MAD_TO_SIGMA = 1.4826
 """``σ ≈ 1.4826 · MAD`` for normally distributed scores (Rousseeuw & Croux 1993, "Alternatives to the
 median absolute deviation", JASA 88)."""
