@@ -175,10 +175,11 @@ def variant_config(memory: Any, spec: str) -> Any:
 
 class Reindexed:
     """The store's built memory with its views embedded anew by this checkout's rules (no LLM call):
-    measures a change of views or index on memory built before it."""
+    measures a change of views or index on memory built before it. ``scene_triggers``: a file of
+    scene triggers (``retrigger``) replacing the stored ones, to compare one prompt on the same scenes."""
 
-    def __init__(self, store: Path, embedder: Any) -> None:
-        self.store, self.embedder = store, embedder
+    def __init__(self, store: Path, embedder: Any, scene_triggers: Path | None = None) -> None:
+        self.store, self.embedder, self.scene_triggers = store, embedder, scene_triggers
         self._indexes: dict[str, Any] = {}
 
     def index(self, conversation_id: str, **_: Any) -> Any:
@@ -194,6 +195,11 @@ class Reindexed:
                 memory, turns = read_memory(con, conversation_id), load_turns(con, conversation_id)
             finally:
                 con.close()
+            if self.scene_triggers is not None:
+                from tmem.domain import SceneTriggers
+
+                rows = json.loads(self.scene_triggers.read_text(encoding="utf-8"))
+                memory = memory.model_copy(update={"scene_triggers": tuple(SceneTriggers(**r) for r in rows)})
             rows = embed_memory_views(memory, {t.turn_id: t for t in turns}, self.embedder)
             bundle = VectorBundle.from_columns([r.owner_kind for r in rows], [r.owner_id for r in rows],
                                                [r.view for r in rows], [r.ordinal for r in rows],
@@ -301,7 +307,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         import tmem.index.embed
 
         tmem.index.embed.DIALOGUE_WINDOW_TURNS = args.window_turns or None  # type: ignore[misc]
-    reindex = Reindexed(args.store, vectors.embedder) if args.reindex else None
+    reindex = Reindexed(args.store, vectors.embedder, args.scene_triggers) if args.reindex else None
     parts: dict[str, Any] = {}
     sets = {"evidence": load_locomo_qa(args.data)[0]}
     if args.cues is not None:
@@ -371,6 +377,30 @@ def render(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cmd_retrigger(args: argparse.Namespace) -> int:
+    """Scene and horizon triggers of a built memory's scenes asked anew with this checkout's prompt,
+    through the endpoint of TMEM_LLM_* (the rest of the memory is kept): a prompt A/B on the same scenes."""
+    from tmem.bundle import chat_model_for
+    from tmem.construct import scene_triggers
+    from tmem.settings import apply_process_defaults, load_settings
+    from tmem.store.conversations import load_turns
+    from tmem.store.duck import connect
+    from tmem.store.memory_rows import read_memory
+
+    apply_process_defaults()
+    con = connect(args.store, read_only=True)
+    try:
+        cid = con.execute("SELECT conversation_id FROM conversations ORDER BY 1 LIMIT 1").fetchone()[0]
+        memory, turns = read_memory(con, cid), load_turns(con, cid)
+    finally:
+        con.close()
+    chat = chat_model_for(load_settings(store=args.store), "build", None, "retrigger")
+    found = scene_triggers(cid, list(memory.scenes), {t.turn_id: t for t in turns}, chat, batch=args.batch)
+    args.out.write_text(json.dumps([t.model_dump(mode="json") for t in found], indent=1), encoding="utf-8")
+    print(f"{len(found)} scenes' triggers written to {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -392,6 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--replay", type=Path, default=None, help="a recording to replay instead of TMEM_LLM_BASE_URL")
     b.add_argument("--upstream", default=None, help="with --replay: send requests the recording lacks here (e.g. the bridge)")
     b.set_defaults(run=cmd_build)
+    rt = sub.add_parser("retrigger")
+    rt.add_argument("--store", type=Path, required=True)
+    rt.add_argument("--out", type=Path, required=True)
+    rt.add_argument("--batch", type=int, default=4)
+    rt.set_defaults(run=cmd_retrigger)
     ev = sub.add_parser("eval")
     ev.add_argument("--store", type=Path, required=True)
     ev.add_argument("--data", type=Path, required=True, help="the archive (LoCoMo JSON) whose QA is evidence recall")
@@ -401,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--label", required=True)
     ev.add_argument("--source", default="built by a capable model through the bridge")
     ev.add_argument("--window-turns", type=int, default=None, help="with --reindex: turns per dialogue window (0: no limit)")
+    ev.add_argument("--scene-triggers", type=Path, default=None, help="with --reindex: scene triggers from `retrigger`")
     ev.add_argument("--reindex", action="store_true",
                     help="embed the stored memory's views anew with this checkout's rules (no LLM call)")
     ev.set_defaults(run=cmd_eval)

@@ -19,11 +19,12 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from tmem.devtools import synth
-from tmem.devtools.scripted_llm import request_input, sequence_responder
+from tmem.devtools.scripted_llm import input_message, request_input, sequence_responder
 from tmem.domain import Scene, Turn
 from tmem.errors import LLMOutputError
 from tmem.ids import content_id
 from tmem.prompts.base import Prompt
+from tmem.prompts.common import parse_context
 
 R = TypeVar("R", bound=BaseModel)
 Responder = Callable[[str, dict[str, Any]], str]
@@ -40,6 +41,11 @@ class Call:
     def input(self) -> Any:
         """The prompt's input block, as data."""
         return request_input(self.request)
+
+    @property
+    def context(self) -> str:
+        """The recalled context the prompt carries as plain text ("" when none)."""
+        return parse_context(input_message(self.request))
 
 
 class FakeChatModel:

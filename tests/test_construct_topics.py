@@ -88,7 +88,22 @@ def test_admissions_from_several_batches_are_united() -> None:
     pool = admit_topics("conv-t", [new], chat, existing=existing, batch=2)
     assert chat.count("topic_match") == 2
     assert pool.topics_of(new.scene_id) == ("tpc_0", "tpc_2")
-    assert all(not c.input["may_open_new"] for c in chat.of("topic_match"))  # batch 1 admitted already
+    calls = chat.of("topic_match")
+    # the last batch may open a topic for a second matter, and is told what batch 1 admitted
+    assert [c.input["may_open_new"] for c in calls] == [False, True]
+    assert "already_admitted" not in calls[0].input and calls[1].input["already_admitted"] == ["Thread 0"]
+    assert len(pool.topics) == 4  # no proposal: no new topic
+
+
+def test_a_second_matter_of_an_admitted_scene_opens_its_own_topic() -> None:
+    existing = (topic(0, "Jon's dance studio", ("scn_a",)),)
+    second = {"admitted": [{"ref": "T1"}], "new_topic": {"title": "Gina's clothing store", "keywords": KEYWORDS}}
+    chat = FakeChatModel({"topic_match": replies(second)})
+    new = scene(2, "Jon's studio search and Gina's new store")
+    pool = admit_topics("conv-t", [new], chat, existing=existing)
+    assert [t.title for t in pool.topics] == ["Jon's dance studio", "Gina's clothing store"]
+    assert pool.topics_of(new.scene_id) == ("tpc_0", pool.topics[1].topic_id)
+    assert chat.count("topic_create") == 0
 
 
 def test_new_topic_is_created_when_nothing_admits_and_no_usable_proposal() -> None:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from tests.fakes import FakeChatModel
 from tests.paths import DATASETS
 from tests.query_store import HashEmbedder, build_store, make_conv
-from tmem.devtools.scripted_llm import ScriptedLLM, request_input
+from tmem.devtools.scripted_llm import ScriptedLLM, input_message, request_input
 from tmem.eval.ablations import EvalConfig, ablation_configs, sweep_configs
 from tmem.eval.examples import QAExample
 from tmem.eval.judge import JudgeSetup, judge_prompt, read_verdict
@@ -29,6 +29,7 @@ from tmem.eval.report import outstanding_failures
 from tmem.eval.results import question_table, summary_table
 from tmem.eval.run_folder import RunFolder, RunFolderError
 from tmem.eval.runner import AnswerSetup, NotBuiltError, QARunner, RunOptions, answer_request, embed_questions
+from tmem.prompts.common import parse_context
 from tmem.query.memory import Memory
 from tmem.settings import Settings
 
@@ -60,7 +61,7 @@ def first_turn_answer(operation: str, request_json: dict[str, Any]) -> str:
     data = request_input(request_json)
     if "garden" in data["question"]:
         return json.dumps({"answer": "tomatoes and seeds"})
-    for line in str(data["context"]).splitlines():
+    for line in parse_context(input_message(request_json)).splitlines():
         if line.startswith("[") and ": " in line:
             return json.dumps({"answer": " ".join(line.split(": ", 1)[1].split()[:6])})
     return json.dumps({"answer": "Not mentioned"})
@@ -112,7 +113,7 @@ def test_run_saves_answers_contexts_and_every_judge_run(store: Path, chats: Any,
     contexts = {r["qid"]: r for r in folder.records("contexts")}
     for example in EXAMPLES:
         sent = next(c for c in answer.of("answer") if c.input["question"] == example.question)
-        assert contexts[example.qid]["text"] == sent.input["context"]  # the context saved is the one sent
+        assert contexts[example.qid]["text"] == sent.context  # the context saved is the one sent
         record = answers[example.qid]
         # input tokens = every message of the answer prompt at 4 characters per token, context included
         expected = sum(-(-len(m.content) // 4) for m in sent.prompt.messages)
@@ -261,7 +262,8 @@ def test_locomo_plus_items_get_a_memory_reply_and_the_awareness_judge(store: Pat
 
     def reply(operation: str, request_json: dict[str, Any]) -> str:
         data = request_input(request_json)
-        return json.dumps({"reply": f"{data['respondent']} remembers: " + data["context"].split("\n")[3][:60]})
+        context = parse_context(input_message(request_json))
+        return json.dumps({"reply": f"{data['respondent']} remembers: " + context.split("\n")[3][:60]})
 
     def aware(operation: str, request_json: dict[str, Any]) -> str:
         data = request_input(request_json)
@@ -439,3 +441,14 @@ def test_end_to_end_eval_resumes_and_rescoring_makes_zero_calls(
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])))
     assert artifacts and "## Overall" in str(artifacts[0].data)
+
+
+def test_the_harness_warns_when_answers_are_judged_by_their_own_model() -> None:
+    from tmem.eval.session import same_model_warning
+    from tmem.settings import Settings
+
+    shared = Settings(llm_base_url="http://a/v1", llm_model="m")
+    assert same_model_warning(shared) is not None and "not independent" in (same_model_warning(shared) or "")
+    assert same_model_warning(Settings(llm_base_url="http://a/v1", llm_model="m", llm_judge_model="j")) is None
+    other_host = Settings(llm_base_url="http://a/v1", llm_model="m", llm_judge_base_url="http://b/v1")
+    assert same_model_warning(other_host) is None

@@ -132,7 +132,7 @@ def check_api(family: Family, x: int, y: int) -> None:
     answer = memory.answer(question, conversation_id=cid, embed=False)
     assert_only(x, answer.context.text, "answer context")
     assert owners(answer.answer) <= {x}
-    sent = chat.calls[-1].input["context"]
+    sent = chat.calls[-1].context
     assert_only(x, sent, "context sent to the answer model")
 
 

@@ -94,7 +94,9 @@ def test_item_extract_is_atomic_with_one_known_source_and_an_iso_date() -> None:
     assert item["kind"] == {"type": "string", "const": "atomic"}
     assert item["sources"]["items"]["enum"] == ["S1", "S2"]
     assert item["sources"]["minItems"] == item["sources"]["maxItems"] == 1
-    assert {"type": "null"} in item["date"]["anyOf"]
+    assert {"type": "null"} in item["when"]["anyOf"]
+    said = item["said_in"]["anyOf"][0]["enum"]
+    assert said and all(":" in turn_id for turn_id in said)  # only the request's own turn ids
 
 
 def test_topic_match_refs_and_no_proposal_unless_allowed() -> None:

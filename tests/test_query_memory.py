@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from tests.query_store import HashEmbedder, build_store, make_conv, publish
-from tmem.devtools.scripted_llm import ScriptedLLM, request_input
+from tmem.devtools.scripted_llm import ScriptedLLM, input_message, request_input
 from tmem.errors import ScopeError, StoreError
 from tmem.prompts import answer as answer_prompt
 from tmem.prompts.base import parse_input
+from tmem.prompts.common import parse_context
 from tmem.query.loader import IndexCache, load_index
 from tmem.query.memory import Memory, NoSnapshotError
 from tmem.retrieval.config import UnknownPresetError
@@ -69,8 +70,8 @@ def two_convs(tmp_path: Path) -> tuple[Path, HashEmbedder]:
 
 def scripted_answer(operation: str, request_json: dict[str, Any]) -> str:
     """Deterministic answer responder: the first fact line of the context, at most six words."""
-    data = request_input(request_json)
-    facts = [line.split("] ", 1)[1] for line in data["context"].splitlines() if line.startswith("- [")]
+    facts = [line.split("] ", 1)[1] for line in parse_context(input_message(request_json)).splitlines()
+             if line.startswith("- [")]
     words = (facts[0] if facts else "Not mentioned").split()[:6]
     return json.dumps({"answer": " ".join(words)})
 
@@ -339,7 +340,9 @@ def test_answer_uses_the_answer_role_model_with_the_recalled_context(
     assert request.operation == "answer" and request.body["model"] == "answerer"
     sent = request_input(request.body)
     assert sent["question"] == "What pottery bowl fact?" and sent["question_date"].startswith("2023-06-01")
-    assert sent["context"] == answer.context.text and "conversation_id" not in sent
+    # the context travels as readable text beside the input block, not as a JSON-escaped string
+    assert parse_context(input_message(request.body)) == answer.context.text
+    assert "context" not in sent and "conversation_id" not in sent
 
 
 def test_answer_prompt_shape() -> None:
@@ -348,7 +351,13 @@ def test_answer_prompt_shape() -> None:
     )
     assert prompt.operation == answer_prompt.OPERATION == "answer"
     data = parse_input(prompt.messages[-1].content)
-    assert data == {"question": "When did Ann hike?", "context": "## Facts\n- x"}
+    assert data == {"question": "When did Ann hike?"}
+    assert parse_context(prompt.messages[-1].content) == "## Facts\n- x"
+    assert "<context>\n## Facts\n- x\n</context>" in prompt.messages[-1].content  # readable, not escaped
+    reasoned = answer_prompt.build(
+        answer_prompt.AnswerInput(conversation_id="c", question="When did Ann hike?", context="x"), reasoning=True
+    )
+    assert list(reasoned.response_model.model_fields) == ["reasoning", "answer"] and reasoned.version != prompt.version
     description = answer_prompt.AnswerResponse.model_fields["answer"].description
     assert description and description in prompt.messages[0].content
     with pytest.raises(ValueError):

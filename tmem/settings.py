@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     trigger_cap: int = Field(10, ge=0)
     trigger_gate: float = Field(0.85, ge=-1.0, le=1.0, description="τ of the paper preset's raw-cosine TrigRecall gate.")
     trigger_gate_z: float = Field(3.0, ge=0.0, description="z of the default standardised TrigRecall gate.")
+    answer_reasoning: OnOff = Field(
+        "off", description="on: the answer prompt asks for a short reasoning field before the (still short) answer."
+    )
     rrf_k0: int = Field(60, ge=1)
     context_token_budget: int = Field(6000, ge=256)
     query_cache_size: int = Field(64, ge=1, description="Conversations kept loaded by the query side.")

@@ -22,7 +22,7 @@ from tmem.construct.common import (
 from tmem.domain import HORIZON_CHANNELS, BridgeTrigger, Item, ItemTriggers, Scene, SceneTriggers, Turn
 from tmem.prompts import item_triggers as item_prompt
 from tmem.prompts import scene_triggers as scene_prompt
-from tmem.prompts.common import iso_date
+from tmem.prompts.common import iso_date, iso_when
 from tmem.providers.base import ChatModel
 
 ITEM_BATCH = 6
@@ -46,7 +46,7 @@ def item_triggers(
             conversation_id=conversation_id,
             items=[
                 item_prompt.ItemView(
-                    ref=ref, content=item.content, date=iso_date(item.event_time) if item.event_time else None
+                    ref=ref, content=item.content, date=iso_when(item.time)
                 )
                 for ref, item in refs.items()
             ],

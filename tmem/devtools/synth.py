@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tmem.devtools.scripted_llm import register_responder, request_input
+from tmem.devtools.scripted_llm import input_message, register_responder, request_input
+from tmem.prompts.common import parse_context
 
 Responder = Callable[[str, dict[str, Any]], str]
 
@@ -209,7 +210,7 @@ def topic_match(operation: str, request_json: dict[str, Any]) -> str:
         if len(label_words.intersection(scene_words)) >= ADMIT_OVERLAP + len(label_words) // 15:
             fresh = [w for w in scene_words if w not in label_words][:3]
             admitted.append({"ref": label["ref"], "new_keywords": fresh})
-    new_topic = _topic_draft(data["scene"]) if data["may_open_new"] and not admitted else None
+    new_topic = _topic_draft(data["scene"]) if data["may_open_new"] and not admitted and not data.get("already_admitted") else None
     return json.dumps({"admitted": admitted, "new_topic": new_topic})
 
 
@@ -371,7 +372,8 @@ def answer(operation: str, request_json: dict[str, Any]) -> str:
     data = request_input(request_json)
     question = set(content_words(str(data.get("question", "")).lower()))
     best, best_overlap = "", 0
-    for line in str(data.get("context", "")).splitlines():
+    context = parse_context(input_message(request_json)) or str(data.get("context", ""))
+    for line in context.splitlines():
         text = line.strip().lstrip("-").strip()
         if not text or text.startswith("#"):
             continue

@@ -60,11 +60,12 @@ class AnswerSetup:
     template: PromptTemplate | None = None
     role: Literal["system", "user"] = "user"
     positional: tuple[str, ...] = ()
+    reasoning: bool = False  # tmem's answer prompt with its short reasoning field first
 
     def identity(self) -> dict[str, Any]:
         if self.template is None:
-            return {"kind": "tmem", "versions": {answer_prompt.OPERATION: answer_prompt.VERSION,
-                                                 memory_reply.OPERATION: memory_reply.VERSION}}
+            return {"kind": "tmem", "reasoning": self.reasoning,
+                    "versions": {answer_prompt.OPERATION: answer_prompt.VERSION, memory_reply.OPERATION: memory_reply.VERSION}}
         return {"kind": "file", "path": self.template.path, "sha256": self.template.sha256, "role": self.role,
                 "positional": list(self.positional)}
 
@@ -144,7 +145,8 @@ def answer_request(
         answer_prompt.AnswerInput(
             conversation_id=example.conversation_id, question=example.question,
             question_date=_question_date(example), context=context,
-        )
+        ),
+        reasoning=setup.reasoning,
     )
 
 

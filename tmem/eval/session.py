@@ -114,6 +114,20 @@ def open_chat_models(settings: Settings, cache_dir: Path, run_id: str) -> tuple[
     return chat_model_for(settings, "answer", con, run_id), chat_model_for(settings, "judge", con, run_id), con
 
 
+SAME_JUDGE_WARNING = (
+    "warning: the answer and judge roles use the same model ({model} at {url}): a judge grading its own "
+    "answers is not independent; set TMEM_LLM_JUDGE_MODEL (or TMEM_LLM_JUDGE_BASE_URL) to another model"
+)
+
+
+def same_model_warning(settings: Settings) -> str | None:
+    """The warning to print when answers would be judged by the model that wrote them."""
+    answer, judge = settings.endpoint("answer"), settings.endpoint("judge")
+    if (answer.model, answer.base_url.rstrip("/")) != (judge.model, judge.base_url.rstrip("/")):
+        return None
+    return SAME_JUDGE_WARNING.format(model=answer.model, url=answer.base_url)
+
+
 def run_plan(
     plan: EvalPlan,
     settings: Settings,
@@ -139,6 +153,10 @@ def run_plan(
     root.write_json("defects.json", defects.as_dict())
     root.write_json(PLAN, {"dataset": plan.dataset, "configs": [c.name for c in plan.configs]})
     say(f"{len(examples)} questions over {len({e.conversation_id for e in examples})} conversations")
+    warning = same_model_warning(settings) if answer_chat is None or judge_chat is None else None
+    if warning is not None:
+        say(warning)
+        root.write_json("warnings.json", {"same_answer_and_judge_model": warning})
     built = _ensure_built(plan, settings, examples, archives, now, builder)
     con = None
     if answer_chat is None or judge_chat is None:

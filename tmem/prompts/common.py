@@ -14,7 +14,7 @@ from typing import Any, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel
 
-from tmem.domain import Turn
+from tmem.domain import ItemTime, Turn
 from tmem.prompts.base import Message, Prompt, render_input
 
 R = TypeVar("R", bound=BaseModel)
@@ -41,6 +41,20 @@ def when(moment: datetime) -> str:
 
 def iso_date(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d")
+
+
+def iso_when(time: ItemTime) -> str | None:
+    """An item's time as the models write it (item_extract's ``when``): ``2023-05-07``, ``2023-05``,
+    ``2023`` or ``2023-05-01/2023-05-07``; the day it was said, for a time taken from its turn."""
+    if time.start is None:
+        return None
+    if time.granularity == "span" and time.end is not None:
+        return f"{iso_date(time.start)}/{iso_date(time.end)}"
+    if time.granularity == "month":
+        return time.start.strftime("%Y-%m")
+    if time.granularity == "year":
+        return time.start.strftime("%Y")
+    return iso_date(time.start)
 
 
 def dialogue_blocks(
@@ -98,6 +112,17 @@ ANSWER_RULES = (
 
 EXAMPLE_HEADER = "Example of the shape (made-up content):"
 
+CONTEXT_OPEN = "<context>"
+CONTEXT_CLOSE = "</context>"
+
+
+def parse_context(content: str) -> str:
+    """The plain-text context block of a user message ("" when it has none; used by the scripted server)."""
+    if CONTEXT_OPEN not in content:
+        return ""
+    start = content.index(CONTEXT_OPEN) + len(CONTEXT_OPEN)
+    return content[start : content.index(CONTEXT_CLOSE, start)].strip("\n")
+
 FEEDBACK_NOTE = "A previous answer to this same request was rejected: {reason} Answer again and fix that."
 
 
@@ -112,8 +137,11 @@ def assemble(
     payload: BaseModel | dict[str, Any],
     input_ref: str,
     feedback: str | None,
+    context: str | None = None,
 ) -> Prompt[R]:
-    """System message (role, rules, field guide, one example) and user message (task, input block)."""
+    """System message (role, rules, field guide, one example) and user message (task, the recalled
+    ``context`` as plain text between ``<context>`` tags when given — readable, not a JSON-escaped
+    string — then the input block)."""
     system_text = "\n\n".join(
         [
             system,
@@ -126,6 +154,8 @@ def assemble(
     parts = [task]
     if feedback:
         parts.append(FEEDBACK_NOTE.format(reason=feedback))
+    if context is not None:
+        parts.append(f"{CONTEXT_OPEN}\n{context}\n{CONTEXT_CLOSE}")
     parts.append(render_input(data))
     return Prompt(
         operation=operation,

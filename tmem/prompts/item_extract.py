@@ -10,7 +10,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import DialogueBlock, assemble
 
 OPERATION = "item_extract"
-VERSION = "2"
+VERSION = "3"
 
 
 class TopicScene(BaseModel):
@@ -33,8 +33,10 @@ WHEN_HELP = (
     "When it happened (or began to hold), resolved from the date of the turn that says it, as precisely "
     "as the dialogue allows and no more: a day YYYY-MM-DD ('yesterday' said on 2023-05-08 → 2023-05-07), "
     "a month YYYY-MM ('last month'), a year YYYY ('two years ago'), or a span START/END of two days "
-    "('last week' said on Mon 2023-05-08 → 2023-05-01/2023-05-07; 'from 10 to 27 June'). Never make up a "
-    "day the dialogue does not give. Null when the dialogue does not place it in time."
+    "('last week' said on Mon 2023-05-08 → 2023-05-01/2023-05-07; 'from 10 to 27 June'); the turn's own "
+    "day when the fact happens that day ('this morning', 'today', or plainly news of the day). Never make "
+    "up a day the dialogue does not give: null when the dialogue does not say when it happened (the day "
+    "it was said is kept from said_in)."
 )
 
 

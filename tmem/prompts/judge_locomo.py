@@ -17,7 +17,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import assemble
 
 OPERATION = "judge_locomo"
-VERSION = "1"
+VERSION = "2"
 
 
 class JudgeLocomoInput(BaseModel):
@@ -38,7 +38,12 @@ class JudgeLocomoResponse(BaseModel):
             "CORRECT when the candidate answer refers to the same thing as the reference answer, even if "
             "it is longer, worded differently, or gives a date in another format or as a relative phrase "
             "that lands on the same day, month or year; WRONG when it names something else, contradicts "
-            "the reference, misses its point, or says the information is not available."
+            "the reference, misses its point, or says the information is not available. Two rules decide "
+            "the close cases. Lists: CORRECT when the candidate names at least half of the reference's "
+            "items and nothing that contradicts it; WRONG when it names fewer or adds wrong items. Dates: "
+            "one day off is CORRECT when both clearly point to the same event (the same weekend, 'last "
+            "Saturday' read from a nearby day); a different week, month or year is WRONG, and so is a "
+            "month or year when the reference names a different one."
         )
     )
 

@@ -14,7 +14,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import assemble
 
 OPERATION = "memory_reply"
-VERSION = "1"
+VERSION = "2"
 
 
 class MemoryReplyInput(BaseModel):
@@ -24,7 +24,7 @@ class MemoryReplyInput(BaseModel):
     respondent: str | None = Field(default=None, description="Whom you reply as.")
     message_date: str | None = Field(default=None, description="When the latest message was written, if known.")
     latest_message: str
-    context: str
+    context: str = Field(exclude=True)  # sent as plain text before the input block
 
 
 class MemoryReplyResponse(BaseModel):
@@ -61,4 +61,5 @@ def build(payload: MemoryReplyInput, feedback: str | None = None) -> Prompt[Memo
         payload=payload,
         input_ref=f"{payload.conversation_id} {payload.qid} reply",
         feedback=feedback,
+        context=payload.context,
     )

@@ -15,7 +15,7 @@ from tmem.prompts.common import assemble
 from tmem.prompts.topic_create import KEYWORDS_HELP, MIN_KEYWORDS, TOPIC_TITLE_HELP, SceneView
 
 OPERATION = "topic_match"
-VERSION = "2"
+VERSION = "3"
 MAX_NEW_KEYWORDS = 5
 
 
@@ -31,6 +31,9 @@ class MatchInput(BaseModel):
     scene: SceneView
     topics: list[TopicLabel]
     may_open_new: bool
+    already_admitted: list[str] | None = Field(
+        default=None, description="Titles of topics that earlier batches admitted this scene to (last batch only)."
+    )
 
 
 class Admission(BaseModel):
@@ -53,7 +56,10 @@ class MatchResponse(BaseModel):
     )
     new_topic: TopicProposal | None = Field(
         default=None,
-        description="Only when may_open_new is true and no topic admits the scene: the new topic; else null.",
+        description=(
+            "Only when may_open_new is true: a new topic for the scene's matter, or for a second matter of the "
+            "scene, that none of the listed topics and none of already_admitted covers; else null."
+        ),
     )
 
 
@@ -64,9 +70,10 @@ SYSTEM = (
     "enough: the scene must be about the same specific matter. A scene may continue several "
     "topics. The topics are shown in batches: this request lists only some of them, and the "
     "others are asked about in requests of their own, so judge only the listed ones (admitting none "
-    "is a normal answer). may_open_new is true only in the last batch when no earlier batch admitted "
-    f"the scene: then, if no listed topic fits either, propose a new topic with at least {MIN_KEYWORDS} "
-    "keywords."
+    "is a normal answer). may_open_new is true in the last batch: then, if the scene's matter (or a "
+    "second matter the scene also takes up) is covered neither by a listed topic nor by the topics "
+    "already_admitted names, propose a new topic for it with at least "
+    f"{MIN_KEYWORDS} keywords."
 )
 
 TASK = "Which of these topics does the scene continue?"

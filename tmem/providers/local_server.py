@@ -204,7 +204,11 @@ def _item_extract(schema: Schema, data: dict[str, Any]) -> None:
     sources.update({"minItems": 1, "maxItems": 1})
     if refs:
         sources["items"] = {"type": "string", "enum": refs}
-    _date(item["properties"]["date"])
+    _date(item["properties"]["when"])  # a day or null: months, years and spans are beyond a tiny model
+    turn_ids = [str(t["id"]) for scene in data.get("scenes", []) for block in scene.get("dialogue", [])
+                for t in block.get("turns", [])]
+    if turn_ids:
+        item["properties"]["said_in"] = {"anyOf": [{"type": "string", "enum": turn_ids}, {"type": "null"}]}
     _prop(schema, "items").update({"minItems": 1, "maxItems": 4})
 
 

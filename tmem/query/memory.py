@@ -169,7 +169,8 @@ class MemorySnapshot:
                 question=question,
                 question_date=when(question_date) if question_date is not None else None,
                 context=recalled.context.text,
-            )
+            ),
+            reasoning=self._owner.settings.answer_reasoning == "on",
         )
         response = chat.complete(prompt)
         return Answer(
