@@ -82,6 +82,8 @@ class ContextReport:
 class FormattedContext:
     text: str
     report: ContextReport
+    scene_ids_kept: tuple[str, ...] = ()  # the scenes and items the text holds, in result order
+    item_ids_kept: tuple[str, ...] = ()
 
 
 def _render_memory(scenes: list[str], items: list[str]) -> str:
@@ -132,4 +134,6 @@ def format_context(result: SearchResult, budget_tokens: int) -> FormattedContext
             items_kept=items_kept,
             items_dropped=n_i - items_kept,
         ),
+        scene_ids_kept=tuple(s.scene_id for i, s in enumerate(result.scenes) if ("scene", i) in keep),
+        item_ids_kept=tuple(it.item_id for j, it in enumerate(result.items) if ("item", j) in keep),
     )
