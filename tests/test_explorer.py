@@ -77,6 +77,7 @@ def test_overview_lists_published_conversations_with_counts_last_build_and_waiti
     assert rows["conv-b"]["unbuilt_turns"] == LATE_TURNS and rows["conv-b"]["turns"] == len(es.convs["conv-b"].turns) + 2
     assert rows["conv-a"]["unbuilt_turns"] == 0
     assert "default" in body["presets"] and body["defaults"]["trigger_gate"] == 0.85
+    assert body["quarantine_active"] == 1  # conv-q, unpublished
 
 
 def test_pending_turns_come_from_the_hook(es: ExplorerStore) -> None:

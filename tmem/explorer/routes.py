@@ -179,13 +179,14 @@ def explorer_router(memory: Memory, auth: Sequence[Depends], *, pending_turns: P
     @api.get("/overview", response_model=OverviewOut)
     def overview() -> OverviewOut:
         pinned = memory.snapshot()
-        _, by_id = rows(pinned)
+        catalog, by_id = rows(pinned)
         s = memory.settings
         return OverviewOut(
             snapshot=SnapshotOut(snapshot_id=pinned.snapshot_id, created_at=pinned.info.created_at,
                                  image_format=pinned.info.image_format, conversations=len(pinned.info.conversations),
                                  lance_versions=pinned.info.lance_versions),
             conversations=list(by_id.values()),
+            quarantine_active=len(catalog.quarantined()),
             presets=list(preset_names()),
             defaults=Defaults(k_topics=s.k_topics, k_scenes=s.k_scenes, k_items=s.k_items, k_cue=s.k_cue,
                               trigger_cap=s.trigger_cap, trigger_gate=s.trigger_gate, rrf_k0=s.rrf_k0,

@@ -83,6 +83,7 @@ class Defaults(BaseModel):
 class OverviewOut(BaseModel):
     snapshot: SnapshotOut
     conversations: list[ConversationRow]
+    quarantine_active: int = Field(description="Conversations whose latest build was quarantined, published or not.")
     presets: list[str]
     defaults: Defaults
     version: str

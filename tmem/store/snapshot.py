@@ -4,8 +4,9 @@ Layout under the store directory::
 
     work.duckdb                 builder's working database (single writer)
     lance/                      LanceDB tables (every write is a new table version)
-    snapshots/<id>/memory.duckdb  memory tables + turns of every published conversation, and
-                                  the index of the derived per-conversation images
+    snapshots/<id>/memory.duckdb  memory tables + turns of every published conversation, the
+                                  index of the derived per-conversation images, and the build
+                                  records (build_runs, quarantine) as they stood at the publish
     snapshots/<id>/conversation_images.bin  those images, each with its pinned vector rows
                                   (conversation_image.py, image_vectors.py)
     snapshots/<id>/manifest.json  id, time, pinned Lance table versions, conversations

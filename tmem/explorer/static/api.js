@@ -41,18 +41,19 @@ export function whenUnauthorized(handler) {
   onUnauthorized = handler;
 }
 
-async function call(method, path, body, retried = false) {
-  const headers = { Accept: "application/json" };
-  const key = storedKey();
-  if (key) headers.Authorization = `Bearer ${key}`;
-  if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(BASE + path, {
-    method, headers, body: body === undefined ? undefined : JSON.stringify(body),
-    cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer",
-  });
-  if (response.status === 401 && onUnauthorized && !retried) {
+async function call(method, path, body) {
+  let response;
+  for (;;) {  // a 401 asks for the key (again, if the stored one was refused) until it works or is cancelled
+    const headers = { Accept: "application/json" };
+    const key = storedKey();
+    if (key) headers.Authorization = `Bearer ${key}`;
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    response = await fetch(BASE + path, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+      cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer",
+    });
+    if (response.status !== 401 || !onUnauthorized) break;
     await onUnauthorized(Boolean(key));
-    return call(method, path, body, true);
   }
   let payload = null;
   const text = await response.text();

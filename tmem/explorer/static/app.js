@@ -104,7 +104,7 @@ async function loadOverview() {
   const s = app.overview.snapshot;
   clear($("snapshot")).append(h("span", { class: "muted" }, "snapshot "), h("span", { class: "mono" }, s.snapshot_id),
     h("span", { class: "muted" }, ` \u00b7 published ${ago(s.created_at)}`));
-  const active = app.overview.conversations.filter((c) => c.quarantined).length;
+  const active = app.overview.quarantine_active;
   $("nav-quarantine").textContent = active ? `Quarantine (${active})` : "Quarantine";
   drawList();
 }
@@ -158,7 +158,16 @@ async function drawConversation(main, route) {
   const qid = route.id;
   if (!app.memo || app.memo.conversation.conversation_id !== qid || app.memo.snapshot_id !== app.overview.snapshot.snapshot_id) {
     main.appendChild(h("p", { class: "muted" }, "Loading the conversation\u2026"));
-    const memo = await api.conversation(qid);
+    let memo;
+    try {
+      memo = await api.conversation(qid);
+    } catch (e) {
+      if (!(e instanceof ApiError && e.status === 404 && route.tab === "quarantine")) throw e;
+      // quarantined before its first build: no memory to show, but its records
+      clear(main).append(h("header", { class: "conv-head" }, h("div", { class: "conv-title" },
+        h("h2", {}, idText(qid, "mono")), badge("no published memory", "bad"))));
+      return renderConversationQuarantine(main, qid);
+    }
     memo.sceneIndex = new Map(memo.scenes.map((s, i) => [s.scene_id, i]));
     app.memo = memo;
     clear(main);

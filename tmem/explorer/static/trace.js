@@ -173,7 +173,8 @@ function stageCard(stage, out, state, redraw) {
     trig ? null : h("td", { class: "numc mono" }, score(c.fused, 4)),
     stage.stage.endsWith("selection") ? h("td", {}, c.pools.map((p) => badge(p.replaceAll("_", " "), "pool"))) : null,
     stage.stage === "topic_prefilter" || trig ? null : h("td", { class: "chans" }, c.channels.map((ch) => channel(ch))),
-    stage.stage === "scene_cue" || trig ? h("td", { class: "detail" }, c.detail) : null));
+    stage.stage === "scene_cue" || trig ? h("td", { class: "detail", title: c.detail || null },
+      h("div", { class: "clamp" }, c.detail)) : null));
   const more = stage.candidates.length > ROWS_SHOWN ? h("button", { class: "btn small link", type: "button", onclick: () => {
     state.expanded = state.expanded || new Set();
     if (expanded) state.expanded.delete(stage.stage); else state.expanded.add(stage.stage);
