@@ -41,6 +41,7 @@ CONVERSATION = "conv-26"
 # work, session 10), so only the associative channels can reach it.
 QUERY = ("I just finished helping my uncle through his last few weeks, and it made me realize how emotionally "
          "draining this kind of work could be day after day.")
+FOLLOW = "hospice"  # the title of the cue's scene
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars")
 
@@ -122,7 +123,7 @@ def shoot(url: str, out: Path) -> list[Path]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
-    for flag in (*FLAGS, f"--user-data-dir={tempfile.mkdtemp(prefix='tmem-shot-')}", "--window-size=1480,1880"):
+    for flag in (*FLAGS, f"--user-data-dir={tempfile.mkdtemp(prefix='tmem-shot-')}", "--window-size=1480,1960"):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
     wait = WebDriverWait(driver, 60)
@@ -133,10 +134,17 @@ def shoot(url: str, out: Path) -> list[Path]:
         box.send_keys(QUERY)
         driver.find_element("css selector", "form.query-form button[type=submit]").click()
         wait.until(lambda d: d.find_elements("css selector", "[data-stage=item_selection]"))
-        driver.execute_script("document.querySelector('.follow-bar select').selectedIndex = 0")
+        # Follow the cue's scene: why the associative channels recalled it.
+        driver.execute_script(
+            "const s = document.querySelector('.follow-bar select');"
+            "const o = [...s.options].find(o => o.text.includes(arguments[0]));"
+            "s.value = o.value; s.dispatchEvent(new Event('change'));"
+            "document.querySelector('main').scrollTo(0, 0);", FOLLOW)
+        wait.until(lambda d: d.find_elements("css selector", ".follow .path"))
         shots.append(out / "explorer.png")
         driver.save_screenshot(str(shots[-1]))
         driver.execute_script("document.querySelector('[data-stage=scene_cue]').scrollIntoView()")
+        driver.execute_script("document.querySelector('main').scrollBy(0, -8)")
         time.sleep(0.3)
         shots.append(out / "explorer-trace.png")
         driver.save_screenshot(str(shots[-1]))

@@ -77,7 +77,7 @@ function sceneCard(memo, scene, items, topics, open) {
       h("span", { class: "muted" }, span(scene.start_time, scene.end_time))),
     h("p", { class: "summary" }, scene.summary),
     h("div", { class: "meta-row" },
-      scene.session_ids.map((s) => chip(`session ${s}`)),
+      scene.session_ids.map((s) => chip(s, "session")),
       scene.topic_ids.map((t) => h("a", { class: "chip topic-chip", href: "#", onclick: (ev) => {
         ev.preventDefault(); open("topics", t);
       } }, visible(topics.get(t)?.title ?? t))),

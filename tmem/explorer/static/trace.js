@@ -22,6 +22,7 @@ const STAGES = {
     `${c.item_fusion} \u2192 top kI = ${c.k_items}.`],
 };
 const ROWS_SHOWN = 12;
+const ITEMS_SHOWN = 8;
 
 export function renderQuery(root, memo, overview, state) {
   const conv = memo.conversation;
@@ -103,7 +104,7 @@ function recalled(out, memo, inContext, follow) {
         s.channels.map((c) => channel(c)), h("span", { class: "muted" }, `score ${score(s.score, 4)}`), ctx("scene", s.scene_id)))));
   const items = out.items.map((it, i) => h("li", { class: "hit", onclick: () => follow("item", it.item_id) },
     h("span", { class: "rank" }, i + 1),
-    h("div", { class: "hit-body" }, h("div", { class: "hit-title" }, it.content),
+    h("div", { class: "hit-body" }, h("div", { class: "hit-title clamp2", title: it.content }, it.content),
       h("div", { class: "meta-row" }, badge(it.kind, `kind-${it.kind}`), h("span", { class: "date" }, day(it.event_time)),
         it.channels.map((c) => channel(c)), h("span", { class: "muted" }, `score ${score(it.score, 4)}`), ctx("item", it.item_id)))));
   const persona = out.personas.length ? h("p", { class: "muted" }, `Personas appended (outside the budget): `,
@@ -113,7 +114,18 @@ function recalled(out, memo, inContext, follow) {
     h("section", { class: "card" }, h("h3", {}, `Recalled scenes (${out.scenes.length})`),
       scenes.length ? h("ol", { class: "hits" }, scenes) : empty("No scene recalled.")),
     h("section", { class: "card" }, h("h3", {}, `Recalled items (${out.items.length})`),
-      items.length ? h("ol", { class: "hits" }, items) : empty("No item recalled."), persona));
+      items.length ? itemList(items) : empty("No item recalled."), persona));
+}
+
+// The first items, the rest a click away: fifteen facts would push the trace off the screen.
+function itemList(items) {
+  const list = h("ol", { class: "hits" }, items.slice(0, ITEMS_SHOWN));
+  if (items.length <= ITEMS_SHOWN) return list;
+  const more = h("button", { class: "btn small link", type: "button", onclick: () => {
+    for (const li of items.slice(ITEMS_SHOWN)) list.appendChild(li);
+    more.remove();
+  } }, `Show all ${items.length} items`);
+  return [list, more];
 }
 
 function contextPanel(out) {
