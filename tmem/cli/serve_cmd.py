@@ -1,9 +1,10 @@
 """``tmem serve [--host 127.0.0.1] [--port 8000] [--store DIR]``: the HTTP query service.
 
-Serves ``/health``, ``/search`` and ``/answer`` (OpenAPI at ``/docs`` and ``/openapi.json``)
-over the store's published snapshot, switching to a newer snapshot without a restart. Set
-``TMEM_API_KEY`` to require ``Authorization: Bearer <key>``. The query embedding model is loaded
-before the port opens (``--no-warm-up`` skips that), so no request waits on a cold load.
+Serves ``/health``, ``/search`` and ``/answer`` (OpenAPI at ``/docs`` and ``/openapi.json``) and
+the memory explorer page at ``/`` over the store's published snapshot, switching to a newer
+snapshot without a restart. Set ``TMEM_API_KEY`` to require ``Authorization: Bearer <key>`` (the
+explorer asks for it once per browser tab). The query embedding model is loaded before the port
+opens (``--no-warm-up`` skips that), so no request waits on a cold load.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         # Load the query embedder before the port opens: a cold load takes seconds (minutes on a
         # busy machine), and the first hybrid queries would otherwise all wait on it.
         app.state.memory.embed_query("warm-up")
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"memory explorer: http://{shown}:{args.port}/", file=ctx.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     return 0
 
@@ -44,10 +47,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 COMMAND = Command(
     name="serve",
-    help="serve /search, /answer and /health over HTTP",
+    help="serve /search, /answer, /health and the memory explorer (/) over HTTP",
     description=(
-        "Run the query service on the store's published memory. A newer snapshot is picked up without "
-        "restarting; every response names the snapshot it came from."
+        "Run the query service and the memory explorer page on the store's published memory. A newer "
+        "snapshot is picked up without restarting; every response names the snapshot it came from."
     ),
     configure=configure,
     run=run,

@@ -1,4 +1,5 @@
-"""The HTTP query service (``tmem serve``): ``GET /health``, ``POST /search``, ``POST /answer``.
+"""The HTTP query service (``tmem serve``): ``GET /health``, ``POST /search``, ``POST /answer``,
+and the memory explorer (``GET /`` → ``/explorer/``, data under ``/explorer/api``; tmem.explorer).
 
 It serves the store's published snapshot through one shared :class:`~tmem.query.memory.Memory`
 and switches to a newer snapshot without restarting; every response names the snapshot it was
@@ -14,8 +15,9 @@ Hardening:
   typed filter (tests/test_isolation.py drives hostile ids through HTTP).
 * Errors never leak internals: known failures map to fixed messages (404, 422, 502, 503), any
   other exception to a generic 500; details go to the log. Validation errors do not echo input.
-* Optional API key (``TMEM_API_KEY``): ``Authorization: Bearer <key>`` on ``/search`` and
-  ``/answer`` (``/health`` stays open for probes).
+* Optional API key (``TMEM_API_KEY``): ``Authorization: Bearer <key>`` on ``/search``,
+  ``/answer`` and the explorer's data under ``/explorer/api`` (``/health`` and the explorer's
+  page, which holds no memory, stay open).
 * Request bodies are limited to ``max_body_bytes`` (413); a query or question longer than
   :data:`MAX_QUERY_CHARS` is 422.
 * ``/answer`` has a deadline (``TMEM_ANSWER_TIMEOUT_S``): the work runs on a bounded pool of
@@ -45,6 +47,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tmem import __version__
 from tmem.errors import LLMError, ScopeError, StoreError
+from tmem.explorer.routes import PendingTurns, explorer_router
+from tmem.query.limits import MAX_BODY_BYTES, MAX_CONVERSATION_ID_CHARS, MAX_QUERY_CHARS, PRESET_PATTERN
 from tmem.query.memory import DEFAULT_REFRESH_MS, Memory, NoSnapshotError
 from tmem.query.schemas import AnswerOut, SearchOut, answer_out, search_out
 from tmem.retrieval.config import UnknownPresetError, preset_names
@@ -52,10 +56,6 @@ from tmem.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
-MAX_CONVERSATION_ID_CHARS = 1024
-PRESET_PATTERN = r"^[a-z0-9_+-]{1,100}$"
-MAX_BODY_BYTES = 64 * 1024
-MAX_QUERY_CHARS = 4000
 ANSWER_WORKERS = 16
 
 
@@ -221,8 +221,12 @@ def create_app(
     memory: Memory | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     refresh_ms: int = DEFAULT_REFRESH_MS,
+    pending_turns: PendingTurns | None = None,
 ) -> FastAPI:
-    """The FastAPI app serving ``store`` (raises :class:`StoreError` when it is not a store directory)."""
+    """The FastAPI app serving ``store`` (raises :class:`StoreError` when it is not a store directory).
+
+    ``pending_turns`` counts, per conversation, the turns posted by a live assistant that no build
+    has taken in yet (shown by the explorer as waiting for the next build)."""
     settings = settings or load_settings(store=Path(store))
     mem = memory or Memory.open(store, settings, refresh_ms=refresh_ms)
     app = FastAPI(
@@ -239,6 +243,7 @@ def create_app(
     }
     # Answers run here, not on the request's own thread, so that a hung model cannot hold a
     # request past its deadline; the pool is bounded, so hung calls cannot pile up threads.
+    app.include_router(explorer_router(mem, auth, pending_turns=pending_turns))  # the page at /, /explorer/
     answer_pool = ThreadPoolExecutor(max_workers=ANSWER_WORKERS, thread_name_prefix="tmem-answer")
     app.state.answer_pool = answer_pool
     deadline_s = settings.answer_timeout_s

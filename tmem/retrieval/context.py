@@ -140,6 +140,15 @@ class FormattedContext:
     kept_turns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # scene id -> turn ids shown
     kept_items: tuple[str, ...] = ()  # item ids shown, in rank order
 
+    @property
+    def scene_ids_kept(self) -> tuple[str, ...]:
+        """The scenes the text holds (whole or in part), in result order."""
+        return tuple(self.kept_turns)
+
+    @property
+    def item_ids_kept(self) -> tuple[str, ...]:
+        return self.kept_items
+
 
 def _render_memory(scenes: list[str], items: list[str]) -> str:
     parts: list[str] = []

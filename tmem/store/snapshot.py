@@ -4,8 +4,9 @@ Layout under the store directory::
 
     work.duckdb                 builder's working database (single writer)
     lance/                      LanceDB tables (every write is a new table version)
-    snapshots/<id>/memory.duckdb  memory tables + turns of every published conversation, and
-                                  the index of the derived per-conversation images
+    snapshots/<id>/memory.duckdb  memory tables + turns of every published conversation, the
+                                  index of the derived per-conversation images, and the build
+                                  records (build_runs, quarantine) as they stood at the publish
     snapshots/<id>/conversation_images.bin  those images, each with its pinned vector rows
                                   (conversation_image.py, image_vectors.py)
     snapshots/<id>/manifest.json  id, time, pinned Lance table versions, conversations
@@ -42,6 +43,10 @@ MEMORY_DB = "memory.duckdb"
 MANIFEST = "manifest.json"
 # Tables copied into a snapshot besides the memory tables (the query side renders turns).
 SNAPSHOT_EXTRA_TABLES: tuple[str, ...] = ("conversations", "turns", "memory_builds")
+# The build records as of the publish, for readers that may not open work.duckdb (the memory
+# explorer): the publishing run is still 'running' in this copy; its final figures arrive with
+# the next publish. Snapshots published before these were copied simply lack the tables.
+SNAPSHOT_RECORD_TABLES: dict[str, str] = {"build_runs": "started_at", "quarantine": "quarantined_at, conversation_id"}
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ def publish_snapshot(
             # working database a rebuilt conversation's rows land at the end, scattered over time:
             # copied as they are, every scoped read scans the whole table (bench/query.py --part scale).
             con.execute(f"CREATE TABLE snap.{name} AS SELECT * FROM main.{name} ORDER BY conversation_id")  # noqa: S608 -- fixed names
+        for name, order in SNAPSHOT_RECORD_TABLES.items():
+            con.execute(f"CREATE TABLE snap.{name} AS SELECT * FROM main.{name} ORDER BY {order}")  # noqa: S608 -- fixed names
         # Derived from the tables just written, the pinned vectors and the BM25 built from them: a cold
         # query load reads one byte range instead of nine queries and a Lance scan, and skips BM25.
         write_conversation_images(con, "snap", tmp, previous=_previous_with_images(store),

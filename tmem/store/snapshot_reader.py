@@ -155,6 +155,13 @@ class SnapshotReader:
             cursor.close()
             self._release()
 
+    @contextmanager
+    def tables(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only cursor on the snapshot's tables, for catalogue reads (counts, run and
+        quarantine records: :mod:`tmem.store.snapshot_catalog`); DuckDB errors become StoreError."""
+        with self._cursor() as cursor:
+            yield cursor
+
     @property
     def uses_images(self) -> bool:
         """Whether cold reads use the snapshot's per-conversation images (a format this reader
