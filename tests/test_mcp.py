@@ -285,3 +285,31 @@ def test_http_tools_scope_and_errors(family: tuple[Path, list[Any]], live_http: 
         for path in (store / "spool" / "pending").rglob("*.jsonl"):
             path.unlink()
     assert os.listdir(store / "spool" / "tmp") == []
+
+
+def test_internal_failures_are_generic_tool_errors(
+    family: tuple[Path, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tmem.errors import StoreError
+    from tmem.query.memory import MemorySnapshot
+
+    store, convs = family
+    settings = Settings(store=store)
+    memory = Memory.open(store, settings, embedder=HashEmbedder())
+    secret = f"{API_KEY} at /srv/secret/path"
+    failures: list[BaseException] = [RuntimeError(secret), StoreError(secret)]
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise failures.pop(0)
+
+    monkeypatch.setattr(MemorySnapshot, "search", fail)
+
+    async def session() -> list[str]:
+        async with Client(create_mcp_server(memory, Spool(store), settings)) as client:
+            arguments = {"query": "pottery", "conversation_id": convs[0].conversation_id}
+            return [error_text(await client.call_tool("search_memory", arguments)) for _ in range(2)]
+
+    crashed, unavailable = anyio.run(session)
+    assert crashed == "Error executing tool search_memory"
+    assert unavailable == "Error executing tool search_memory: memory store unavailable"
+    assert "/srv/secret" not in crashed + unavailable

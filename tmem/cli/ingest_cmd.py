@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from tmem.cli.base import CliContext, Command, add_json_option, add_store_option, resolve_store
+from tmem.errors import StoreError
 
 FORMAT_CHOICES = ("auto", "locomo", "jsonl")
 
@@ -33,6 +34,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from tmem.ingest.spool import drain_spool
 
     store = resolve_store(args, ctx)
+    if not args.paths and not store.is_dir():
+        raise StoreError(f"{store}: no tmem store here; give archive files to ingest")
     started = time.perf_counter()
     report = None
     if args.paths:

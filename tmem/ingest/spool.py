@@ -175,7 +175,9 @@ class Spool:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             try:
-                os.write(fd, text.encode("utf-8"))  # a regular file takes the whole buffer
+                data = memoryview(text.encode("utf-8"))
+                while data:
+                    data = data[os.write(fd, data):]
                 os.fsync(fd)
             finally:
                 os.close(fd)
