@@ -2,8 +2,8 @@
 
 While a build runs (it holds ``work.duckdb``: no other process can open it), turns posted over
 HTTP and through the MCP ``add_turns`` tool are accepted at once and wait in the spool; the next
-build (``only_changed``, as ``tmem build --changed`` and the nightly flow run it) drains them and
-publishes a memory that holds them.
+build (``only_changed``, as ``tmem build --changed`` runs it) drains them and publishes a memory
+that holds them; so does the nightly flow, which drains before it looks for changed conversations.
 """
 
 from __future__ import annotations
@@ -109,6 +109,18 @@ def test_turns_posted_during_a_build_are_accepted_at_once_and_built_by_the_next(
             listing = {c["conversation_id"]: c for c in client.get("/conversations").json()}
         assert any(t["turn_id"] in posted_ids for s in found["scenes"] for t in s["turns"])
         assert listing[LIVE]["pending_turns"] == 0
+
+        # The nightly flow drains before it looks for changes: a conversation changed only by a post is rebuilt.
+        from flows.nightly_rebuild import nightly_rebuild
+
+        with httpx.Client(base_url=live.url, timeout=10) as client:
+            late = client.post(turns_url(LIVE), json={"turns": live_turns("late", 20, "live-2")})
+        assert late.status_code == 202 and late.json()["pending_turns"] == 3
+        nightly = nightly_rebuild(store=str(store), label="posted")
+        assert nightly["changed"] == [LIVE] and nightly["build"]["status"] == "completed"
+        nightly_memory = snapshot_memory(published(store), LIVE)
+        assert {"late0", "late1", "late2"} <= {t for s in nightly_memory.scenes for t in s.turn_ids}
+        assert Spool(store).pending_turns() == {}
     finally:
         live.stop()
         builder.join(timeout=600)

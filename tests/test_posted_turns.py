@@ -441,3 +441,19 @@ def test_posts_succeed_at_once_while_the_builder_holds_the_working_database(stor
         holder.wait(timeout=30)
     assert drain_spool(store, now=NOW).new_turns == 3
     assert [t[0] for t in stored_turns(store, "conv-a")][-3:] == ["B0", "B1", "B2"]
+
+
+def test_a_damaged_spool_file_neither_blocks_posts_nor_reaches_the_store(store: Path, live: LiveServer) -> None:
+    folder = store / "spool" / "pending" / conversation_key("conv-b")
+    folder.mkdir(parents=True)
+    damaged = folder / f"{1:020d}-deadbeef.jsonl"
+    damaged.write_text('{"conversation_id": "conv-b", "session_id": "S6", "turn_id": "cut', encoding="utf-8")
+    with httpx.Client(base_url=live.url, timeout=10) as client:
+        posted = client.post(turns_url("conv-b"), json={"turns": batch("G", 2, session="S6")})
+        assert posted.status_code == 202 and posted.json()["new_turns"] == 2, posted.text
+        assert str(store) not in posted.text
+        assert client.get("/health").json()["pending_turns"] == 2
+    report = drain_spool(store, now=NOW)
+    assert report.new_turns == 2 and [Path(r["file"]).name for r in report.rejected] == [damaged.name]
+    assert "not valid JSON" in report.rejected[0]["error"]
+    assert [t[0] for t in stored_turns(store, "conv-b")][-2:] == ["G0", "G1"]

@@ -150,12 +150,12 @@ class Spool:
             state, todo = published.published_state(conversation_id), files
         applied = files[: len(files) - len(todo)]
         for name in todo:
-            earlier = _read_spooled(folder / name)
-            if earlier is None:
-                continue  # drained meanwhile: its turns are in the working database now
             try:
+                earlier = _read_spooled(folder / name)
+                if earlier is None:
+                    continue  # drained meanwhile: its turns are in the working database now
                 plan, _ = plan_ingest(archive_frames([earlier]), state, now)
-            except IngestError as exc:
+            except IngestError as exc:  # the file is not named to the poster: it is the store's
                 log.warning("spooled post %s/%s no longer fits the store; the next drain rejects it: %s", key, name, exc)
             else:
                 state = apply_plan(state, plan)
@@ -224,7 +224,11 @@ class Spool:
             with self._lock:
                 known = self._counts.get(path)
             if known is None:
-                archive = _read_spooled(path)
+                try:
+                    archive = _read_spooled(path)
+                except IngestError as exc:
+                    log.warning("spooled post %s is unreadable; the next drain rejects it: %s", path, exc)
+                    continue
                 if archive is None:
                     continue  # drained meanwhile
                 (conversation,) = archive.conversations
