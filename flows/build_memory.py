@@ -34,6 +34,7 @@ from tasks.build import (
     segment_scenes,
     summarize_persona,
 )
+from tasks.maintenance import drain_posted_turns
 from tasks.publish import publish_builds
 from tasks.runtime import bundle, content_cache, drain_journal, release, result_storage
 from tasks.scaleout import ConfiguredTaskRunner, open_exchange_for_workers, remove_exchange, store_worker_journals
@@ -203,6 +204,7 @@ def build_memory(
 ) -> dict[str, Any]:
     """Build (or rebuild) the memory of the given conversations (default: all) and publish a snapshot.
 
+    First the turns posted to ``tmem serve`` / ``tmem mcp`` and waiting in the spool are ingested.
     ``only_changed`` keeps the conversations with turns newer than their last build, plus any
     whose last build was recorded but never published (a build killed mid-publish). An
     incremental build re-runs every stage over the whole conversation; requests whose content
@@ -216,6 +218,7 @@ def build_memory(
     b = bundle(store, run_id)
     try:
         close_interrupted_runs(b.con, current_pid=os.getpid(), at=datetime.now(UTC))
+        spooled = drain_posted_turns(store, datetime.now(UTC), run_id)  # posted turns join this build
         states = conversation_states(b.con, conversation_ids)
         if only_changed:
             unpublished = set(unpublished_conversations(b.con, settings.store))
@@ -266,7 +269,7 @@ def build_memory(
                                                                 summary.completion_tokens, table, **batch)
         create_markdown_artifact(markdown=report, key="tmem-build-report",
                                  description=f"tmem build {run_id}: {status}")
-        return summary.to_json() | {"model": model, "cost_usd": cost}
+        return summary.to_json() | {"model": model, "cost_usd": cost, "spool": spooled}
     finally:
         remove_exchange(store, run_id)
         release(store, run_id)

@@ -1,6 +1,6 @@
 """The nightly flow: rebuild what changed, publish, then tidy the store.
 
-    find changed conversations (watermarks) ─▶ build-memory (only_changed; publishes a snapshot)
+    ingest posted turns (spool) ─▶ find changed conversations (watermarks) ─▶ build-memory (only_changed; publishes a snapshot)
         ─▶ prune old snapshots (keep N) ─▶ Lance optimize + cleanup (never a pinned version)
         ─▶ summary artifact
 
@@ -18,7 +18,12 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.build_memory import build_memory
-from tasks.maintenance import find_changed_conversations, optimize_vector_tables, prune_old_snapshots
+from tasks.maintenance import (
+    drain_posted_turns,
+    find_changed_conversations,
+    optimize_vector_tables,
+    prune_old_snapshots,
+)
 from tmem.errors import TmemError
 from tmem.pricing import format_usd
 
@@ -75,6 +80,7 @@ def nightly_rebuild(
     if keep_snapshots < 1:
         raise ValueError("keep_snapshots must be >= 1")
     started = datetime.now(UTC)
+    drain_posted_turns(store, started)  # turns posted since the last run count as changes
     changed = find_changed_conversations(store)
     build = None
     if changed:

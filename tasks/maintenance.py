@@ -1,5 +1,5 @@
-"""Prefect tasks of the operations flows: find changed conversations, ingest a chunk of archives,
-prune snapshots and clean Lance versions. Each wraps one library function."""
+"""Prefect tasks of the operations flows: ingest posted turns, find changed conversations, ingest a
+chunk of archives, prune snapshots and clean Lance versions. Each wraps one library function."""
 
 from __future__ import annotations
 
@@ -11,11 +11,28 @@ from prefect import task
 
 from tmem.bundle import is_object_uri, lance_uri
 from tmem.ingest import ingest_parsed, read_archives
+from tmem.ingest.spool import drain_spool
 from tmem.settings import load_settings
 from tmem.store.conversations import conversation_states
 from tmem.store.duck import connect
 from tmem.store.maintenance import optimize_vectors
 from tmem.store.snapshot import prune_snapshots, unpublished_conversations
+
+
+@task(name="drain-spool", task_run_name="drain-spool", tags=["stage:ingest"])
+def drain_posted_turns(store: str, now: datetime, run_id: str | None = None) -> dict[str, Any]:
+    """Ingest the turns posted to ``tmem serve`` / ``tmem mcp`` that wait in the spool, through the
+    build run's connection when ``run_id`` names one (this process then holds the working database)."""
+    con = None
+    if run_id is not None:
+        from tasks.runtime import bundle
+
+        con = bundle(store, run_id).con.cursor()
+    try:
+        return drain_spool(Path(store), now=now, con=con).as_dict()
+    finally:
+        if con is not None:
+            con.close()
 
 
 @task(name="find-changed", task_run_name="find-changed")

@@ -98,7 +98,8 @@ def test_format_override(tmp_path):
 
 def test_usage_errors_exit_2(tmp_path, capsys):
     assert main([]) == 2
-    assert main(["ingest"]) == 2
+    code, _, err = cli(["ingest", "--store", str(tmp_path / "nothing")])  # no archives: only the spool, of a store
+    assert code == 2 and "no tmem store here" in err
     assert main(["ingest", "x.json", "--format", "csv"]) == 2
     assert "invalid choice" in capsys.readouterr().err
     code, _, err = cli(["stats", "--store", str(tmp_path / "nothing")])

@@ -20,6 +20,7 @@ from tmem.cli import (
     build_cmd,
     eval_cmd,
     ingest_cmd,
+    mcp_cmd,
     quarantine_cmd,
     query_cmd,
     runs_cmd,
@@ -31,7 +32,7 @@ from tmem.errors import DatasetError, IngestError, ScopeError, StoreError, TmemE
 
 COMMANDS: tuple[Command, ...] = (
     ingest_cmd.COMMAND, build_cmd.COMMAND, stats_cmd.COMMAND, query_cmd.COMMAND, answer_cmd.COMMAND, serve_cmd.COMMAND,
-    runs_cmd.COMMAND, quarantine_cmd.COMMAND, eval_cmd.COMMAND,
+    runs_cmd.COMMAND, quarantine_cmd.COMMAND, eval_cmd.COMMAND, mcp_cmd.COMMAND,
 )
 
 EXIT_OK = 0

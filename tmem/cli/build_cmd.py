@@ -102,6 +102,12 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         from tmem.pricing import format_usd
 
         ctx.print(f"  {'est. cost':<18} {format_usd(summary.get('cost_usd'))} ({summary.get('model')})")
+        spooled = summary.get("spool") or {}
+        if spooled.get("files"):
+            ctx.print(f"  {'posted turns':<18} {spooled['new_turns']} new from {spooled['files']} waiting posts"
+                      f"{', ' + str(len(spooled['rejected'])) + ' refused' if spooled['rejected'] else ''}")
+        for refused in spooled.get("rejected", ()):
+            ctx.print(f"  REFUSED post, moved to {refused['file']}: {refused['error']}")
         for failure in summary["failures"]:
             tag = "QUARANTINED" if failure.get("quarantined") else "FAILED"
             ctx.print(f"  {tag} {failure['conversation_id']}: {failure['message']}")

@@ -15,6 +15,7 @@ The format is specified in docs/ingest-formats.md. In short::
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -68,7 +69,10 @@ def parse_jsonl_text(text: str, path: str) -> ParsedArchive:
 
 def parse_jsonl(lines: list[str], path: str) -> ParsedArchive:
     """Validate the lines of a JSON Lines archive into conversations (file order is kept)."""
-    open_conversations: dict[str, _Open] = {}
+    return parse_jsonl_records(_decoded_lines(lines, path), path)
+
+
+def _decoded_lines(lines: list[str], path: str) -> Iterator[tuple[str, object]]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -78,6 +82,14 @@ def parse_jsonl(lines: list[str], path: str) -> ParsedArchive:
         except InvalidJson as exc:
             column = f" (column {exc.column})" if exc.column is not None else ""
             raise IngestError(path, record, f"not valid JSON: {exc.reason}{column}") from None
+        yield record, value
+
+
+def parse_jsonl_records(records: Iterable[tuple[str, object]], path: str) -> ParsedArchive:
+    """Validate decoded JSON Lines records, each named by where it came from (``line 7`` in a
+    file, ``turns[3]`` in a posted batch), into conversations; every rule of the format applies."""
+    open_conversations: dict[str, _Open] = {}
+    for record, value in records:
         fields = Fields.of(value, path, record, pointer=False)
         kind = fields.optional_string("kind", empty_ok=False) or "turn"
         if kind not in RECORD_KINDS:
@@ -88,9 +100,9 @@ def parse_jsonl(lines: list[str], path: str) -> ParsedArchive:
             _add_turn(fields, open_conversations)
     if not open_conversations:
         raise IngestError(path, "file", "the archive holds no turns")
-    records = RecordIndex()
-    conversations = tuple(_close(state, path, records) for state in open_conversations.values())
-    return ParsedArchive(path=path, source_format="jsonl", conversations=conversations, records=records)
+    index = RecordIndex()
+    conversations = tuple(_close(state, path, index) for state in open_conversations.values())
+    return ParsedArchive(path=path, source_format="jsonl", conversations=conversations, records=index)
 
 
 def _refuse_unknown_fields(fields: Fields, allowed: frozenset[str]) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tmem.errors import IngestError
 from tmem.ingest.archive import SOURCE_FORMATS, ParsedArchive, SourceFormat, read_text, shown
@@ -18,6 +19,9 @@ from tmem.ingest.frames import archive_frames, plan_ingest
 from tmem.ingest.jsonl import parse_jsonl_text
 from tmem.ingest.locomo import parse_locomo_text
 from tmem.store.ingest_writer import ingest_transaction
+
+if TYPE_CHECKING:
+    import duckdb
 
 SUFFIX_FORMATS: dict[str, SourceFormat] = {".json": "locomo", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
@@ -105,12 +109,15 @@ def ingest_archives(
     return ingest_parsed(read_archives(paths, source_format), store, now=now)
 
 
-def ingest_parsed(archives: Sequence[ParsedArchive], store: Path, *, now: datetime) -> IngestReport:
-    """Write already validated archives into ``store`` (see :func:`ingest_archives`)."""
+def ingest_parsed(
+    archives: Sequence[ParsedArchive], store: Path, *, now: datetime, con: duckdb.DuckDBPyConnection | None = None
+) -> IngestReport:
+    """Write already validated archives into ``store`` (see :func:`ingest_archives`), through
+    ``con`` when given (an open connection to the working database, e.g. the builder's)."""
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     frames = archive_frames(archives)
-    with ingest_transaction(store) as tx:
+    with ingest_transaction(store, con) as tx:
         plan, counts = plan_ingest(frames, tx.stored_state(frames.conversation_ids), now)
         tx.write(plan)
     return IngestReport(

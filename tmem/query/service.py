@@ -1,5 +1,6 @@
 """The HTTP query service (``tmem serve``): ``GET /health``, ``POST /search``, ``POST /answer``,
-and the memory explorer (``GET /`` → ``/explorer/``, data under ``/explorer/api``; tmem.explorer).
+and the memory explorer (``GET /`` → ``/explorer/``, data under ``/explorer/api``; tmem.explorer),
+``GET /conversations`` and ``POST /conversations/{id}/turns`` (:mod:`tmem.query.turns_api`).
 
 It serves the store's published snapshot through one shared :class:`~tmem.query.memory.Memory`
 and switches to a newer snapshot without restarting; every response names the snapshot it was
@@ -15,11 +16,11 @@ Hardening:
   typed filter (tests/test_isolation.py drives hostile ids through HTTP).
 * Errors never leak internals: known failures map to fixed messages (404, 422, 502, 503), any
   other exception to a generic 500; details go to the log. Validation errors do not echo input.
-* Optional API key (``TMEM_API_KEY``): ``Authorization: Bearer <key>`` on ``/search``,
-  ``/answer`` and the explorer's data under ``/explorer/api`` (``/health`` and the explorer's
-  page, which holds no memory, stay open).
-* Request bodies are limited to ``max_body_bytes`` (413); a query or question longer than
-  :data:`MAX_QUERY_CHARS` is 422.
+* Optional API key (``TMEM_API_KEY``): ``Authorization: Bearer <key>`` on every endpoint but
+  ``/health`` (open for probes) and the explorer's page (which holds no memory).
+* Request bodies are limited to ``max_body_bytes`` (413), posted turns to
+  :data:`~tmem.query.turns_api.MAX_TURNS_BODY_BYTES`; a query or question longer than
+  :data:`MAX_QUERY_CHARS` is 422. A refused post is 422 with the ingest error (record, reason).
 * ``/answer`` has a deadline (``TMEM_ANSWER_TIMEOUT_S``): the work runs on a bounded pool of
   :data:`ANSWER_WORKERS` threads and a request still waiting at the deadline gets a clean 504,
   whether the answer model hangs or the pool is busy with hung calls. The abandoned call ends
@@ -48,9 +49,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tmem import __version__
 from tmem.errors import LLMError, ScopeError, StoreError
 from tmem.explorer.routes import PendingTurns, explorer_router
+from tmem.ingest.spool import Spool
 from tmem.query.limits import MAX_BODY_BYTES, MAX_CONVERSATION_ID_CHARS, MAX_QUERY_CHARS, PRESET_PATTERN
 from tmem.query.memory import DEFAULT_REFRESH_MS, Memory, NoSnapshotError
 from tmem.query.schemas import AnswerOut, SearchOut, answer_out, search_out
+from tmem.query.turns_api import MAX_TURNS_BODY_BYTES, install_turn_routes
 from tmem.retrieval.config import UnknownPresetError, preset_names
 from tmem.settings import Settings, load_settings
 
@@ -92,6 +95,7 @@ class HealthOut(BaseModel):
     snapshot_id: str | None
     conversations: int
     cached_indexes: int
+    pending_turns: int = Field(0, description="Posted turns waiting for the next build, all conversations.")
 
 
 class ErrorOut(BaseModel):
@@ -108,24 +112,30 @@ class AnswerTimeoutError(Exception):
 
 
 class BodySizeLimit:
-    """ASGI middleware: reject bodies over ``limit`` bytes (by Content-Length, or while streaming)."""
+    """ASGI middleware: reject bodies over ``limit`` bytes (by Content-Length, or while streaming);
+    ``limit_for(path)`` may name a different limit for some paths."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, limit_for: Callable[[str], int | None] | None = None) -> None:
         self.app = app
-        self.limit = limit
+        self.default_limit = limit
+        self.limit_for = limit_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = (self.limit_for(scope.get("path", "")) if self.limit_for is not None else None) or self.default_limit
+        await self._limited(scope, receive, send, limit)
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
-                    declared = self.limit + 1
-                if declared > self.limit:
-                    await _send_json(send, 413, {"detail": f"request body larger than {self.limit} bytes"})
+                    declared = limit + 1
+                if declared > limit:
+                    await _send_json(send, 413, {"detail": f"request body larger than {limit} bytes"})
                     return
         received = 0
 
@@ -134,8 +144,8 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise _BodyTooLarge(self.limit)  # FastAPI re-raises HTTPExceptions from body reads
+                if received > limit:
+                    raise _BodyTooLarge(limit)  # FastAPI re-raises HTTPExceptions from body reads
             return message
 
         await self.app(scope, limited, send)
@@ -151,6 +161,11 @@ async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
         }
     )
     await send({"type": "http.response.body", "body": payload})
+
+
+def _turns_body_limit(path: str) -> int | None:
+    """Posted turns may carry a whole session: a larger limit on ``POST /conversations/{id}/turns``."""
+    return MAX_TURNS_BODY_BYTES if path.startswith("/conversations/") and path.endswith("/turns") else None
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -235,7 +250,9 @@ def create_app(
         description="Recall and answers over T-Mem memories. Every call is scoped to one conversation.",
     )
     app.state.memory = mem
-    app.add_middleware(BodySizeLimit, limit=max_body_bytes)
+    spool = Spool(Path(store))
+    app.state.spool = spool
+    app.add_middleware(BodySizeLimit, limit=max_body_bytes, limit_for=_turns_body_limit)
     _install_error_handlers(app)
     auth = [Depends(_auth_dependency(settings))]
     errors: dict[int | str, dict[str, Any]] = {
@@ -243,7 +260,8 @@ def create_app(
     }
     # Answers run here, not on the request's own thread, so that a hung model cannot hold a
     # request past its deadline; the pool is bounded, so hung calls cannot pile up threads.
-    app.include_router(explorer_router(mem, auth, pending_turns=pending_turns))  # the page at /, /explorer/
+    # the explorer's "waiting for the next build" badge counts the spool of posted turns by default
+    app.include_router(explorer_router(mem, auth, pending_turns=pending_turns or spool.pending_turns))
     answer_pool = ThreadPoolExecutor(max_workers=ANSWER_WORKERS, thread_name_prefix="tmem-answer")
     app.state.answer_pool = answer_pool
     deadline_s = settings.answer_timeout_s
@@ -251,16 +269,21 @@ def create_app(
     @app.get("/health", response_model=HealthOut)
     def health() -> JSONResponse:
         pinned = mem.current()
+        pending = sum(spool.pending_turns().values())
         if pinned is None:
-            body = HealthOut(status="no_snapshot", snapshot_id=None, conversations=0, cached_indexes=0)
+            body = HealthOut(status="no_snapshot", snapshot_id=None, conversations=0, cached_indexes=0,
+                             pending_turns=pending)
             return JSONResponse(body.model_dump(), status_code=503)
         body = HealthOut(
             status="ok",
             snapshot_id=pinned.snapshot_id,
             conversations=len(pinned.info.conversations),
             cached_indexes=mem.cache_stats().size,
+            pending_turns=pending,
         )
         return JSONResponse(body.model_dump())
+
+    install_turn_routes(app, mem, spool, auth, errors, max_id_chars=MAX_CONVERSATION_ID_CHARS)
 
     @app.post("/search", response_model=SearchOut, dependencies=auth, responses=errors)
     def search_endpoint(body: SearchRequest) -> SearchOut:

@@ -97,19 +97,7 @@ class IngestTransaction:
 
     def stored_state(self, conversation_ids: Sequence[str]) -> StoredState:
         """The stored rows of these conversations (empty frames for unknown ones)."""
-        ids = list(conversation_ids)
-        if not ids:
-            return StoredState.empty()
-        return StoredState(
-            conversations=self._frame(_SELECT_CONVERSATIONS, ids, STORED_CONVERSATIONS),
-            sessions=self._frame(_SELECT_SESSIONS, ids, STORED_SESSIONS),
-            turns=self._frame(_SELECT_TURNS, ids, STORED_TURNS),
-            qa=self._frame(_SELECT_QA, ids, STORED_QA),
-        )
-
-    def _frame(self, query: str, ids: list[str], schema: dict[str, pl.DataType]) -> pl.DataFrame:
-        frame = self._con.sql(query, params=[ids]).pl()
-        return frame.cast(schema)  # type: ignore[arg-type]
+        return read_stored_state(self._con, conversation_ids)
 
     def write(self, plan: IngestPlan) -> None:
         """Insert the plan's rows; conversations already stored are updated in place."""
@@ -130,6 +118,30 @@ class IngestTransaction:
                 self._con.unregister(name)
 
 
+def read_stored_state(
+    con: duckdb.DuckDBPyConnection, conversation_ids: Sequence[str], *, sessions_from_turns: bool = False
+) -> StoredState:
+    """The stored rows of these conversations (empty frames for unknown ones).
+
+    ``sessions_from_turns``: derive the sessions from the turns (a published snapshot copies
+    conversations and turns, not sessions): ingest numbers sessions 1, 2, … in the order of their
+    first turn, so a session's index is the rank of its first ``seq``. QA is then not read."""
+    ids = list(conversation_ids)
+    if not ids:
+        return StoredState.empty()
+    return StoredState(
+        conversations=_frame(con, _SELECT_CONVERSATIONS, ids, STORED_CONVERSATIONS),
+        sessions=_frame(con, _SESSIONS_FROM_TURNS if sessions_from_turns else _SELECT_SESSIONS, ids, STORED_SESSIONS),
+        turns=_frame(con, _SELECT_TURNS, ids, STORED_TURNS),
+        qa=pl.DataFrame(schema=STORED_QA) if sessions_from_turns else _frame(con, _SELECT_QA, ids, STORED_QA),
+    )
+
+
+def _frame(con: duckdb.DuckDBPyConnection, query: str, ids: list[str], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    frame = con.sql(query, params=[ids]).pl()
+    return frame.cast(schema)  # type: ignore[arg-type]
+
+
 # Plain SQL, no string building: the frames are registered under the names used here.
 _SELECT_CONVERSATIONS = """
     SELECT conversation_id, speakers, watermark_session_index, watermark_turn_seq, watermark_time, ingested_at
@@ -138,6 +150,12 @@ _SELECT_CONVERSATIONS = """
 _SELECT_SESSIONS = """
     SELECT conversation_id, session_id, session_index
     FROM sessions WHERE conversation_id IN (SELECT unnest(?::VARCHAR[]))
+"""
+_SESSIONS_FROM_TURNS = """
+    SELECT conversation_id, session_id,
+           dense_rank() OVER (PARTITION BY conversation_id ORDER BY first_seq)::BIGINT AS session_index
+    FROM (SELECT conversation_id, session_id, min(seq) AS first_seq
+          FROM turns WHERE conversation_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY conversation_id, session_id)
 """
 _SELECT_TURNS = """
     SELECT conversation_id, turn_id, session_id, speaker, text, event_time, metadata::VARCHAR AS metadata
@@ -175,9 +193,12 @@ _INSERT_QA = """
 
 
 @contextmanager
-def ingest_transaction(store: Path) -> Iterator[IngestTransaction]:
-    """Open the working database and one transaction; commit on success, roll back on any error."""
-    con = connect(Path(store))
+def ingest_transaction(store: Path, con: duckdb.DuckDBPyConnection | None = None) -> Iterator[IngestTransaction]:
+    """Open the working database (or use ``con``, an open connection to it, left open) and one
+    transaction; commit on success, roll back on any error."""
+    owned = con is None
+    if con is None:
+        con = connect(Path(store))
     try:
         # Event times are instants; read them back in UTC whatever the machine's zone.
         con.execute("SET TimeZone = 'UTC'")
@@ -192,7 +213,8 @@ def ingest_transaction(store: Path) -> Iterator[IngestTransaction]:
         except duckdb.Error as exc:
             raise StoreError(f"{store}: committing the ingest failed: {exc}") from exc
     finally:
-        con.close()
+        if owned:
+            con.close()
 
 
 def conversation_overview(con: duckdb.DuckDBPyConnection) -> list[dict[str, object]]:

@@ -44,6 +44,7 @@ from tmem.store.conversation_image import (
 )
 from tmem.store.conversations import load_turns
 from tmem.store.image_vectors import QUERY_VECTOR_TABLE, VectorSection, decode_section
+from tmem.store.ingest_writer import StoredState, read_stored_state
 from tmem.store.memory_rows import read_memory
 from tmem.store.snapshot import SnapshotInfo
 
@@ -247,6 +248,12 @@ class SnapshotReader:
     def _check_scope(self, conversation_id: str) -> None:
         if not isinstance(conversation_id, str) or conversation_id not in self.info.conversations:
             raise ScopeError(f"snapshot {self.info.snapshot_id!r} holds no memory for conversation {conversation_id!r}")
+
+    def stored_state(self, conversation_id: str) -> StoredState:
+        """The conversation's ingested rows as this snapshot copied them (conversation, turns and
+        the sessions they imply), in the shape ingest plans against; empty when it holds none."""
+        with self._cursor() as cursor:
+            return read_stored_state(cursor, [conversation_id], sessions_from_turns=True)
 
     def list_conversations(self) -> tuple[SnapshotConversation, ...]:
         """Every conversation with published memory, ordered by id."""
