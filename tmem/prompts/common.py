@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from tmem.domain import Turn
 from tmem.prompts.base import Message, Prompt, render_input
+from tmem.prompts.budgets import budget_for
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -113,7 +114,10 @@ def assemble(
     input_ref: str,
     feedback: str | None,
 ) -> Prompt[R]:
-    """System message (role, rules, field guide, one example) and user message (task, input block)."""
+    """System message (role, rules, field guide, one example) and user message (task, input block).
+
+    The prompt carries the operation's completion-token budget (:mod:`tmem.prompts.budgets`) and
+    whether it is a checked re-ask (``feedback`` given)."""
     system_text = "\n\n".join(
         [
             system,
@@ -133,4 +137,6 @@ def assemble(
         messages=(Message("system", system_text), Message("user", "\n\n".join(parts))),
         response_model=response_model,
         input_ref=input_ref,
+        max_tokens=budget_for(operation),
+        checked_reask=feedback is not None,
     )
