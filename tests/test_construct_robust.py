@@ -280,3 +280,16 @@ def test_topic_match_keywords_beyond_the_stated_limit_are_clipped() -> None:
     assert len(topic.keywords) == topic_create.MIN_KEYWORDS + topic_match.MAX_NEW_KEYWORDS
     [note] = done.notes
     assert (note.kind, note.operation) == ("clipped", "topic_match") and "8 entries, kept the first 5" in note.detail
+
+
+def test_a_packing_batch_whose_answer_is_cut_is_halved() -> None:
+    def pack_long(operation: str, request_json: dict[str, Any]) -> str:
+        return json.dumps({"scenes": [{"ref": s["ref"], "title": f"Scene {s['ref']}", "summary": "s" * 50,
+                                       "narrative": "n" * 250} for s in request_input(request_json)["scenes"]]})
+
+    chat = FakeChatModel({"scene_boundaries": replies({"closed": []}), "scene_pack": pack_long}, budgets=True,
+                         output_budgets={"scene_pack": 200})  # 800 characters: 2 scenes fit, 4 do not
+    done = segment_outcome("conv-t", dialogue(sessions=(12,)), chat, window=12, max_scene_turns=2)
+    assert [len(c.input["scenes"]) for c in chat.of("scene_pack")] == [4, 2, 2, 2]
+    assert len(done.value) == 6 and all(s.narrative == "n" * 250 for s in done.value)
+    assert [n.kind for n in done.notes] == ["split"]

@@ -100,6 +100,8 @@ def record_unit_quarantines(
     """Quarantine the units a build of ``conversation_id`` left out (one transaction). An earlier active
     record of the same unit and operation is superseded; the others are settled when the conversation
     is published (:func:`clear_quarantine`)."""
+    if not units:
+        return
     ordinals: Counter[tuple[str, str]] = Counter()
     con.execute("BEGIN TRANSACTION")
     try:
