@@ -94,6 +94,15 @@ def test_a_source_outside_the_topic_is_dropped_and_noted_not_reasked() -> None:
     assert done.quarantined == ()
 
 
+def test_an_answer_whose_items_all_cite_scenes_outside_the_topic_is_reasked() -> None:
+    topic, scenes, turns = build_topic(2)
+    chat = FakeChatModel({"item_extract": replies({"items": [item("atomic", ["S9"])]}, {"items": [item("atomic", ["S2"])]})})
+    done = extract_items_outcome("conv-t", topic, scenes, turns, chat)
+    assert [i.source_scene_ids for i in done.value.items] == [(scenes[1].scene_id,)]
+    assert chat.count("item_extract") == 2 and "no item cites a scene of this topic" in str(chat.calls[1].request)
+    assert done.notes == ()  # the rejected answer leaves no note
+
+
 @pytest.mark.parametrize(
     ("kind", "sources", "becomes"),
     [

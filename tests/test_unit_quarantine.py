@@ -134,3 +134,18 @@ def test_transport_errors_are_never_quarantined_or_split() -> None:
     bad = FakeChatModel({"item_triggers": replies({"items": []})})
     done = item_triggers_outcome("conv-t", items(2), bad, batch=2)
     assert [u.unit_id for u in done.quarantined] == ["itm_0", "itm_1"] and done.value == []
+
+
+def test_a_truncation_error_keeps_its_budget_and_spend_across_pickling() -> None:
+    import pickle
+
+    from tmem.errors import CallSpend, LLMTruncatedError
+
+    exc = LLMTruncatedError("item_extract", "conv-x topic t (1 scenes)", "cut", raw_output="{", input_digest="d",
+                            input_excerpt="<input>", max_tokens=4096)
+    exc.spend = CallSpend(1, 0, 900, 4096)
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is LLMTruncatedError and isinstance(back, LLMOutputError)
+    assert (back.operation, back.input_ref, back.reason, back.raw_output, back.max_tokens, back.spend) == (
+        "item_extract", "conv-x topic t (1 scenes)", "cut", "{", 4096, CallSpend(1, 0, 900, 4096))
+    assert str(back) == str(exc)

@@ -10,7 +10,9 @@ An answer is repaired without a call where it can be (:mod:`tmem.construct.outco
 that is not a scene of the chunk is dropped (``dropped_ref``; an item left without a source is
 dropped); an atomic item with two or more sources becomes connected and a connected item with one
 becomes atomic (``reclassified``); keywords beyond ``MAX_ITEM_KEYWORDS`` are cut (``clipped``). An
-item with blank content is re-asked once with the reason, then :class:`ValidationFailure`.
+item with blank content, or an answer none of whose items cites a scene of the chunk (it is about
+something else: a misread ref format, an obeyed injection), is re-asked once with the reason, then
+:class:`ValidationFailure`.
 
 A chunk whose answer stays invalid (after the repair, the re-ask and the splits) is quarantined as
 a ``topic_chunk`` unit by :func:`extract_items_outcome`; the plain functions raise instead.
@@ -157,7 +159,11 @@ def _extract_chunk(
     def check(answer: item_extract.ExtractResponse) -> tuple[list[tuple[Item, bool]], list[BuildNote]]:
         notes = StageLog(isolate=False)  # this answer's own: a rejected answer leaves no note
         found = [_item(conversation_id, topic, refs, raw, chat.model_name, notes, input_ref) for raw in answer.items]
-        return [f for f in found if f is not None], notes.notes
+        kept = [f for f in found if f is not None]
+        if answer.items and not kept:  # an answer about nothing in the input: not a slip, ask again
+            cited = sorted({clean(ref) for raw in answer.items for ref in raw.sources})
+            raise Rejected(f"no item cites a scene of this topic: the items cite {cited}; the scenes are {list(refs)}.")
+        return kept, notes.notes
 
     return ask_checked(chat, item_extract.build, payload, check, reasks=reasks)
 
