@@ -5,6 +5,13 @@ inside one, segmentation and topic admission run in order, then item extraction,
 triggers, scene triggers and personas fan out; the views are embedded; finally the parent
 publishes every conversation that succeeded as one new snapshot. A conversation that fails
 keeps its previous memory and is reported with the typed error that stopped it.
+
+A unit whose answer stays invalid after repairs, re-asks and splits (one topic chunk's items,
+one item's or scene's triggers, one speaker's persona) is left out and quarantined as that unit;
+its conversation publishes with the rest. The stage results carry those units and the stages'
+notes (:mod:`tmem.construct.outcome`); the parent records them (tables ``quarantine`` and
+``build_notes``) and names them in the build report. A stage task whose unit is quarantined is
+re-run by the next build (``refresh_cache``) instead of being served from Prefect's result cache.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,8 +46,8 @@ from tasks.maintenance import drain_posted_turns
 from tasks.publish import publish_builds
 from tasks.runtime import bundle, content_cache, drain_journal, release, result_storage
 from tasks.scaleout import ConfiguredTaskRunner, open_exchange_for_workers, remove_exchange, store_worker_journals
-from tmem.build_report import BuildSummary, Failure, render_markdown
-from tmem.construct import dedupe_items
+from tmem.build_report import BuildSummary, Failure, MissingUnit, render_markdown
+from tmem.construct import BuildNote, QuarantinedUnit, StageOutcome, dedupe_items
 from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_batches
 from tmem.domain import Memory, Turn
 from tmem.errors import LLMError, LLMOutputError
@@ -49,9 +57,10 @@ from tmem.pricing import cost_markdown, estimate_cost, price_table
 from tmem.prompts.base import prompt_versions
 from tmem.providers.journal import JournalBatch
 from tmem.settings import Settings, load_settings
+from tmem.store.build_notes import note_counts, record_build_notes
 from tmem.store.conversations import conversation_states, load_turns
 from tmem.store.lance import VectorRow
-from tmem.store.quarantine import quarantines, record_quarantine
+from tmem.store.quarantine import active_units, quarantines, record_quarantine, record_unit_quarantines
 from tmem.store.runs import close_interrupted_runs, finish_run, memory_counts, start_run
 from tmem.store.snapshot import unpublished_conversations
 
@@ -66,6 +75,8 @@ class ConversationBuild:
     vectors: list[VectorRow]
     watermark_turn_seq: int
     journal: JournalBatch | None = None  # built on a Dask worker: its cache/ledger writes, for the publisher
+    notes: tuple[BuildNote, ...] = ()  # what the stages clipped, reclassified, dropped, split, quarantined
+    quarantined: tuple[QuarantinedUnit, ...] = ()  # the units left out of ``memory``
 
 
 # The operations a build calls; query/eval prompts (answer, judges) must not invalidate build caches.
@@ -96,8 +107,37 @@ def _configured(store: str, t: Any, batched: bool = False) -> Any:
                           **options)
 
 
+class _Stages:
+    """The stage tasks of one conversation, configured; a task whose unit is quarantined (``refresh``:
+    operation -> unit ids with an active record) runs again, overwriting its cached result."""
+
+    def __init__(self, store: str, batched: frozenset[str], refresh: dict[str, list[str]]) -> None:
+        self._tasks = {name: _configured(store, t, BATCHABLE_STAGES.get(name) in batched) for name, t in {
+            "segment": segment_scenes, "topics": admit_scene_topics, "items": extract_topic_items,
+            "item_triggers": derive_item_triggers, "scene_triggers": derive_scene_triggers,
+            "persona": summarize_persona, "embed": embed_views,
+        }.items()}
+        self._refresh = {op: set(units) for op, units in refresh.items()}
+        self.outcomes: list[StageOutcome[Any]] = []  # every stage result, for its notes and quarantined units
+
+    def __getitem__(self, name: str) -> Any:
+        return self._tasks[name]
+
+    def units(self, name: str, operation: str, units: Iterable[str]) -> Any:
+        """Stage ``name``'s task for the given units of ``operation``, refreshed if one is quarantined."""
+        if self._refresh.get(operation, set()) & set(units):
+            return self._tasks[name].with_options(refresh_cache=True)
+        return self._tasks[name]
+
+    def took(self, outcome: StageOutcome[Any]) -> Any:
+        self.outcomes.append(outcome)
+        return outcome.value
+
+
 @flow(name="build-conversation", flow_run_name="build-conversation/{conversation_id}", log_prints=False)
-def build_conversation(store: str, run_id: str, conversation_id: str, fingerprint: str) -> ConversationBuild:
+def build_conversation(
+    store: str, run_id: str, conversation_id: str, fingerprint: str, refresh: dict[str, list[str]] | None = None
+) -> ConversationBuild:
     b = bundle(store, run_id)
     cur = b.con.cursor()
     try:
@@ -106,28 +146,24 @@ def build_conversation(store: str, run_id: str, conversation_id: str, fingerprin
         cur.close()
     if not turns:
         raise LLMError("load-turns", conversation_id, "conversation has no turns")
-    batched = b.settings.batch_operations
-    c = {name: _configured(store, t, BATCHABLE_STAGES.get(name) in batched) for name, t in {
-        "segment": segment_scenes, "topics": admit_scene_topics, "items": extract_topic_items,
-        "item_triggers": derive_item_triggers, "scene_triggers": derive_scene_triggers,
-        "persona": summarize_persona, "embed": embed_views,
-    }.items()}
+    c = _Stages(store, b.settings.batch_operations, refresh or {})
     speakers = sorted({t.speaker for t in turns})
     persona_futs: list[PrefectFuture[Any]] = [
-        c["persona"].submit(store, run_id, conversation_id, spk, [t for t in turns if t.speaker == spk], fingerprint)
+        c.units("persona", "persona", [spk]).submit(
+            store, run_id, conversation_id, spk, [t for t in turns if t.speaker == spk], fingerprint)
         for spk in speakers
     ]
-    scenes = c["segment"](store, run_id, conversation_id, turns, fingerprint)
+    scenes = c.took(c["segment"](store, run_id, conversation_id, turns, fingerprint))
     by_id = {t.turn_id: t for t in turns}
     # Trigger batches are cut so that a grown conversation keeps its earlier batches (and their
     # cached answers): see tmem.construct.stable_batches.
     scene_trig_futs = [
-        c["scene_triggers"].submit(
+        c.units("scene_triggers", "scene_triggers", [s.scene_id for s in batch]).submit(
             store, run_id, conversation_id, n, batch, [by_id[t] for s in batch for t in s.turn_ids], fingerprint
         )
         for n, batch in enumerate(scene_trigger_batches(scenes, b.settings.scene_trigger_batch))
     ]
-    topics = c["topics"](store, run_id, conversation_id, scenes, fingerprint)
+    topics = list(c.took(c["topics"](store, run_id, conversation_id, scenes, fingerprint)).topics)
     scene_by_id = {s.scene_id: s for s in scenes}
     titles_of_scene: dict[str, list[tuple[str, str]]] = {}
     for topic in topics:
@@ -138,25 +174,32 @@ def build_conversation(store: str, run_id: str, conversation_id: str, fingerprin
         members = [scene_by_id[sid] for sid in topic.scene_ids]
         member_turns = [by_id[t] for s in members for t in s.turn_ids]
         others = {sid: [title for tid, title in titles_of_scene[sid] if tid != topic.topic_id] for sid in topic.scene_ids}
-        item_futs.append(c["items"].submit(store, run_id, conversation_id, topic, members, member_turns,
-                                           {sid: t for sid, t in others.items() if t}, fingerprint))
-    items = dedupe_items(f.result() for f in item_futs)
+        item_futs.append(c.units("items", "item_extract", [topic.topic_id]).submit(
+            store, run_id, conversation_id, topic, members, member_turns, {sid: t for sid, t in others.items() if t},
+            fingerprint))
+    items = dedupe_items(c.took(f.result()).items for f in item_futs)
     scene_seq = {s.scene_id: s.seq for s in scenes}
     item_trig_futs = [
-        c["item_triggers"].submit(store, run_id, conversation_id, n, batch, fingerprint)
+        c.units("item_triggers", "item_triggers", [i.item_id for i in batch]).submit(
+            store, run_id, conversation_id, n, batch, fingerprint)
         for n, batch in enumerate(item_trigger_batches(topics, items, scene_seq, b.settings.trigger_batch))
     ]
+    personas = [c.took(f.result()) for f in persona_futs]
     memory = Memory(
         conversation_id=conversation_id,
         scenes=tuple(scenes),
         topics=tuple(topics),
         items=tuple(items),
-        item_triggers=tuple(t for f in item_trig_futs for t in f.result()),
-        scene_triggers=tuple(t for f in scene_trig_futs for t in f.result()),
-        personas=tuple(f.result() for f in persona_futs),
+        item_triggers=tuple(t for f in item_trig_futs for t in c.took(f.result())),
+        scene_triggers=tuple(t for f in scene_trig_futs for t in c.took(f.result())),
+        personas=tuple(p for p in personas if p is not None),
     )
     vectors = c["embed"](store, run_id, memory, turns, fingerprint)
-    return ConversationBuild(memory=memory, vectors=vectors, watermark_turn_seq=max(t.seq for t in turns))
+    return ConversationBuild(
+        memory=memory, vectors=vectors, watermark_turn_seq=max(t.seq for t in turns),
+        notes=tuple(n for o in c.outcomes for n in o.notes),
+        quarantined=tuple(u for o in c.outcomes for u in o.quarantined),
+    )
 
 
 def _orchestration_failure(task: Any, task_run: Any, state: Any) -> bool:
@@ -169,8 +212,10 @@ def _orchestration_failure(task: Any, task_run: Any, state: Any) -> bool:
 # orchestration error (e.g. the local Prefect API answering 503 under load) only redoes what was lost.
 @task(name="build-conversation", task_run_name="conversation/{conversation_id}", retries=1, retry_delay_seconds=5,
       retry_condition_fn=_orchestration_failure)
-def build_conversation_task(store: str, run_id: str, conversation_id: str, fingerprint: str) -> ConversationBuild:
-    built = build_conversation(store, run_id, conversation_id, fingerprint)
+def build_conversation_task(
+    store: str, run_id: str, conversation_id: str, fingerprint: str, refresh: dict[str, list[str]] | None = None
+) -> ConversationBuild:
+    built = build_conversation(store, run_id, conversation_id, fingerprint, refresh)
     return replace(built, journal=drain_journal(store, run_id))
 
 
@@ -183,6 +228,22 @@ def _exception_of(state: Any) -> BaseException:
 
 
 RAW_EXCERPT_CHARS = 300  # of a quarantined answer, in the report (the whole answer is in the quarantine table)
+
+
+def _missing_units(conversation_id: str, units: Sequence[QuarantinedUnit]) -> list[MissingUnit]:
+    return [
+        MissingUnit(conversation_id, u.operation, u.unit_kind, u.unit_id, u.input_ref, u.error_type, u.reason,
+                    u.input_digest, (u.raw_output or "")[:RAW_EXCERPT_CHARS])
+        for u in units
+    ]
+
+
+def _by_unit(units: list[tuple[str, str, str]]) -> dict[str, list[str]]:
+    """Active unit records (operation, kind, id) as the ``refresh`` of a conversation's build."""
+    out: dict[str, list[str]] = {}
+    for operation, _kind, unit in units:
+        out.setdefault(operation, []).append(unit)
+    return out
 
 
 def _failure(conversation_id: str, exc: BaseException) -> Failure:
@@ -228,16 +289,23 @@ def build_memory(
                                   "label": label, "pid": os.getpid()}, datetime.now(UTC))
         fingerprint = build_fingerprint(settings, b.chat.model_name)
         open_exchange_for_workers(b, store, ids)  # TMEM_TASK_RUNNER=dask: what workers read, exported once
-        futures = {build_conversation_task.submit(store, run_id, cid, fingerprint): cid for cid in ids}
+        refresh = active_units(b.con, ids)  # units quarantined before: their stage tasks run again
+        futures = {build_conversation_task.submit(store, run_id, cid, fingerprint, _by_unit(refresh.get(cid, [])))
+                   : cid for cid in ids}
         builds: dict[str, ConversationBuild] = {}
         failures: list[Failure] = []
+        missing: list[MissingUnit] = []
         for done, fut in enumerate(as_completed(list(futures)), start=1):
             cid = futures[fut]
             fut.wait()  # done already; wait() keeps the final state with its data (`.state` alone re-reads the API)
             state = fut.state
             if state.is_completed():
                 try:
-                    builds[cid] = state.result()
+                    built = builds[cid] = state.result()
+                    # Recorded at once (durable even if the build dies later); settled at publish.
+                    record_unit_quarantines(b.con, run_id, cid, built.quarantined, datetime.now(UTC))
+                    record_build_notes(b.con, run_id, cid, built.notes, datetime.now(UTC))
+                    missing += _missing_units(cid, built.quarantined)
                 except MissingResult as exc:
                     # Seen after a retry under API load: the state came back without its data. Recorded as
                     # this conversation's failure; the next build gets it from the caches at no LLM cost.
@@ -258,6 +326,7 @@ def build_memory(
             run_id=run_id, status=status, conversations_requested=ids, conversations_built=sorted(builds),
             failures=failures, counts={k: v for k, v in counts.items() if not k.startswith("llm_")}, usage=usage,
             snapshot_id=snapshot_id, seconds=time.perf_counter() - started,
+            quarantined_units=[u for u in missing if u.conversation_id in builds], notes=note_counts(b.con, run_id),
         )
         finish_run(b.con, run_id, status=status, counts=summary.counts, usage=summary.usage_totals(),
                    failures=[f.__dict__ for f in failures], snapshot_id=snapshot_id, at=datetime.now(UTC))

@@ -56,6 +56,9 @@ def render_report(result: dict[str, Any]) -> str:
         ]
         for failure in build["failures"]:
             lines.append(f"- FAILED {failure['conversation_id']}: {failure['error_type']}: {failure['message'][:200]}")
+        for unit in build.get("quarantined_units", []):  # published without these units
+            lines.append(f"- MISSING {unit['conversation_id']} {unit['operation']} {unit['unit_kind']} "
+                         f"{unit['unit_id']}: {unit['error_type']}: {unit['reason'][:200]}")
     lines += ["", "## Maintenance", "", f"Snapshots pruned: {len(result['pruned'])}", "",
               "| Lance table | pinned versions | versions before | after | removed | kept window (s) |",
               "|---|---|---:|---:|---:|---:|"]

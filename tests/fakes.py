@@ -5,6 +5,12 @@ The fake renders each prompt into the request body an OpenAI-compatible server w
 per-test script first, else the deterministic synth responder of the operation), validates the
 content against the prompt's response model like the real adapter, and records every call.
 No HTTP, no threads.
+
+With ``budgets=True`` it also enforces each prompt's completion budget as a hosted model does: an
+answer longer than the budget (at 4 characters a token, the budget resolved like the adapter's:
+``output_budgets`` overrides, then the prompt's ``max_tokens``, capped by ``max_tokens``) is cut
+there, and the fake raises exactly what the adapter raises for a ``finish_reason == "length"``
+answer (:func:`tmem.providers.chat.truncation_error`).
 """
 
 from __future__ import annotations
@@ -16,15 +22,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from tmem.devtools import synth
 from tmem.devtools.scripted_llm import input_message, request_input, sequence_responder
 from tmem.domain import Scene, Turn
-from tmem.errors import LLMOutputError
+from tmem.errors import CallSpend, LLMOutputError
 from tmem.ids import content_id
 from tmem.prompts.base import Prompt
 from tmem.prompts.common import parse_context
+from tmem.providers.chat import ChatConfig, truncation_error
+from tmem.providers.llm_ledger import Completion, TokenUsage
+
+CHARS_PER_TOKEN = 4
 
 R = TypeVar("R", bound=BaseModel)
 Responder = Callable[[str, dict[str, Any]], str]
@@ -36,6 +46,7 @@ class Call:
     prompt: Prompt[Any]
     request: dict[str, Any]
     content: str
+    truncated: bool = False  # cut at the prompt's budget (the fake raised LLMTruncatedError)
 
     @property
     def input(self) -> Any:
@@ -57,11 +68,17 @@ class FakeChatModel:
         *,
         model_name: str = "fake-model",
         use_synth: bool = True,
+        budgets: bool = False,
+        max_tokens: int | None = None,
+        output_budgets: Mapping[str, int] | None = None,
     ) -> None:
         self.scripts = dict(scripts or {})
         self.use_synth = use_synth
         self._model_name = model_name
         self.calls: list[Call] = []
+        self.budgets = budgets
+        self.config = ChatConfig(base_url="fake://", api_key=SecretStr(""), model=model_name, max_tokens=max_tokens,
+                                 output_budgets=tuple(sorted((output_budgets or {}).items())))
 
     @property
     def model_name(self) -> str:
@@ -82,14 +99,31 @@ class FakeChatModel:
         if responder is None:
             raise AssertionError(f"no script or synth responder for operation {prompt.operation!r}")
         content = responder(prompt.operation, request)
+        budget = self.config.max_tokens_for(prompt)
+        if self.budgets and len(content) > budget * CHARS_PER_TOKEN:
+            cut = content[: budget * CHARS_PER_TOKEN]
+            self.calls.append(Call(prompt.operation, prompt, request, cut, truncated=True))
+            spent = CallSpend(1, 0, sum(len(m.content) for m in prompt.messages) // CHARS_PER_TOKEN, budget)
+            raise truncation_error(prompt, cut, budget, spent)
         self.calls.append(Call(prompt.operation, prompt, request, content))
         try:
             return prompt.response_model.model_validate_json(content)
         except ValidationError as exc:
-            raise LLMOutputError(prompt.operation, prompt.input_ref, str(exc), raw_output=content) from exc
+            raise LLMOutputError(prompt.operation, prompt.input_ref, str(exc), raw_output=content,
+                                 input_digest=prompt.input_digest(), input_excerpt=prompt.input_excerpt()) from exc
+
+    def complete_metered(self, prompt: Prompt[R]) -> Completion[R]:
+        """``complete`` as a metered adapter (one request, tokens at 4 characters each), so the fake can
+        sit under :class:`~tmem.providers.llm_ledger.CachedChatModel`."""
+        value = self.complete(prompt)
+        sent = sum(len(m.content) for m in prompt.messages) // CHARS_PER_TOKEN
+        return Completion(value, TokenUsage(sent, len(self.calls[-1].content) // CHARS_PER_TOKEN), requests=1)
 
     def count(self, operation: str) -> int:
         return sum(1 for call in self.calls if call.operation == operation)
+
+    def truncations(self, operation: str) -> int:
+        return sum(1 for call in self.calls if call.operation == operation and call.truncated)
 
     def counts(self) -> Counter[str]:
         return Counter(call.operation for call in self.calls)

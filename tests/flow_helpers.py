@@ -163,6 +163,45 @@ def item_extract_citing_missing_scene(speakers: Iterable[str]) -> Responder:
     return respond
 
 
+def boundary_speakers(request_json: dict[str, Any]) -> set[str]:
+    """Speakers in a ``scene_boundaries`` request's turns (open scene and new turns)."""
+    data = request_input(request_json)
+    return {str(t["speaker"]) for key in ("open_scene", "new_turns") for block in data[key] for t in block["turns"]}
+
+
+def boundaries_closing_at_a_missing_turn(speakers: Iterable[str]) -> Responder:
+    """synth's ``scene_boundaries``, except that for dialogue of ``speakers`` every scene closes at turn
+    ``D999:1``, which is not among the new turns (a check rejects it; segmentation is the spine)."""
+    targets = frozenset(speakers)
+
+    def respond(operation: str, request_json: dict[str, Any]) -> str:
+        content = synth.scene_boundaries(operation, request_json)
+        if not boundary_speakers(request_json) & targets:
+            return content
+        answer = json.loads(content)
+        for scene in answer["closed"]:
+            scene["last_turn"] = "D999:1"
+        return json.dumps(answer)
+
+    return respond
+
+
+def report_artifact(run_id: str) -> str:
+    """The ``tmem-build-report`` markdown artifact of the build-memory flow run ``run_id``."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["tmem-build-report"]),
+            flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)]),
+        ))
+    assert len(artifacts) == 1
+    return str(artifacts[0].data)
+
+
 def wait_for(probe: Callable[[], T | None], timeout_s: float = 15.0, what: str = "condition") -> T:
     """Poll ``probe`` until it returns a non-None value (Prefect records task states via events, async)."""
     deadline = time.monotonic() + timeout_s

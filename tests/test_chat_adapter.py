@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from tests.conftest import TEST_API_KEY
 from tmem.devtools.scripted_llm import ScriptedLLM, request_input, sequence_responder
-from tmem.errors import LLMOutputError, LLMTransportError
+from tmem.errors import LLMOutputError, LLMTransportError, LLMTruncatedError
 from tmem.prompts.base import Message, Prompt, render_input
 from tmem.providers.chat import OPERATION_HEADER, ChatConfig, LLMRequestRejectedError, OpenAIChatModel
 from tmem.providers.llm_ledger import CachedChatModel, InMemoryResponseCache, InMemoryUsageLedger, total_usage
@@ -173,11 +173,18 @@ def test_repair_re_ask_fixes_an_invalid_answer(server: ScriptedLLM, chat_config:
     assert done.usage.completion_tokens == sum(u["completion_tokens"] for u in sent)
 
 
-def test_truncated_json_is_repaired(server: ScriptedLLM, chat_config: Callable[..., Any]) -> None:
+def test_a_truncated_answer_raises_at_once_without_a_repair(server: ScriptedLLM, chat_config: Callable[..., Any]) -> None:
+    # Replaces "truncated JSON is repaired": a cut answer (finish_reason length) is cut again when re-asked.
     server.fail_next("truncated", 1, operation=OP)
-    model = adapter(chat_config, server)
-    assert model.complete(build_prompt(TEXT)) == EXPECTED
-    assert [r.fault for r in server.requests] == ["truncated", None]
+    model = adapter(chat_config, server, repair_attempts=2)
+    prompt = build_prompt(TEXT)
+    with pytest.raises(LLMTruncatedError) as info:
+        model.complete(prompt)
+    assert [r.fault for r in server.requests] == ["truncated"]
+    err = info.value
+    assert isinstance(err, LLMOutputError) and err.operation == OP and err.input_ref == prompt.input_ref
+    assert err.raw_output == server.requests[0].content and err.input_digest == prompt.input_digest()
+    assert err.spend is not None and (err.spend.requests, err.spend.repairs) == (1, 0)
 
 
 def test_repair_exhausted_raises_output_error_with_raw_output(

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import FakeChatModel, dialogue, edited, replies
-from tmem.construct import dedupe_items, extract_items, extract_items_detailed
+from tmem.construct import dedupe_items, extract_items, extract_items_detailed, extract_items_outcome
 from tmem.construct.items import item_id
 from tmem.domain import Scene, Topic, Turn
 from tmem.errors import ValidationFailure
@@ -68,40 +68,70 @@ def test_one_call_per_topic_atomic_and_connected_from_synth() -> None:
         assert it.event_time is not None and it.event_time.tzinfo is not None
 
 
-def test_source_outside_the_topic_raises_validation_failure() -> None:
+def test_blank_content_raises_validation_failure_after_one_reask() -> None:
     topic, scenes, turns = build_topic(2)
-    chat = FakeChatModel({"item_extract": replies({"items": [item("atomic", ["S9"])]})})
+    chat = FakeChatModel({"item_extract": replies({"items": [item("atomic", ["S1"], content="  ")]})})
     with pytest.raises(ValidationFailure) as caught:
         extract_items("conv-t", topic, scenes, turns, chat)
     assert caught.value.operation == "item_extract"
     assert "tpc_pets" in caught.value.input_ref
-    assert "S9" in caught.value.reason
+    assert "blank" in caught.value.reason
     assert chat.count("item_extract") == 2  # asked again once with the reason
 
 
+def test_a_source_outside_the_topic_is_dropped_and_noted_not_reasked() -> None:
+    topic, scenes, turns = build_topic(2)
+    answer = {"items": [item("atomic", ["S9"], content="only elsewhere"), item("connected", ["S1", "S9"])]}
+    chat = FakeChatModel({"item_extract": replies(answer)})
+    done = extract_items_outcome("conv-t", topic, scenes, turns, chat)
+    assert chat.count("item_extract") == 1
+    [kept] = done.value.items  # the item citing only S9 is gone; the other keeps S1 and becomes atomic
+    assert (kept.content, kept.kind, kept.source_scene_ids) == ("Ana adopted a puppy.", "atomic", (scenes[0].scene_id,))
+    kinds = [n.kind for n in done.notes]
+    assert kinds.count("dropped_ref") == 2 and kinds.count("reclassified") == 1
+    assert all("S9" in n.detail for n in done.notes if n.kind == "dropped_ref")
+    assert all(n.operation == "item_extract" and "tpc_pets" in n.input_ref for n in done.notes)
+    assert done.quarantined == ()
+
+
+def test_an_answer_whose_items_all_cite_scenes_outside_the_topic_is_reasked() -> None:
+    topic, scenes, turns = build_topic(2)
+    chat = FakeChatModel({"item_extract": replies({"items": [item("atomic", ["S9"])]}, {"items": [item("atomic", ["S2"])]})})
+    done = extract_items_outcome("conv-t", topic, scenes, turns, chat)
+    assert [i.source_scene_ids for i in done.value.items] == [(scenes[1].scene_id,)]
+    assert chat.count("item_extract") == 2 and "no item cites a scene of this topic" in str(chat.calls[1].request)
+    assert done.notes == ()  # the rejected answer leaves no note
+
+
 @pytest.mark.parametrize(
-    ("kind", "sources", "message"),
+    ("kind", "sources", "becomes"),
     [
-        ("atomic", ["S1", "S2"], "exactly one"),
-        ("connected", ["S2"], "two or more"),
-        ("connected", ["S2", "S2"], "two or more"),
+        ("atomic", ["S1", "S2"], "connected"),
+        ("connected", ["S2"], "atomic"),
+        ("connected", ["S2", "S2"], "atomic"),
     ],
 )
-def test_atomic_and_connected_source_counts_are_enforced(kind: str, sources: list[str], message: str) -> None:
+def test_a_kind_contradicting_its_source_count_is_reclassified(kind: str, sources: list[str], becomes: str) -> None:
     topic, scenes, turns = build_topic(2)
     chat = FakeChatModel({"item_extract": replies({"items": [item(kind, sources)]})})
-    with pytest.raises(ValidationFailure, match=message):
-        extract_items("conv-t", topic, scenes, turns, chat)
+    done = extract_items_outcome("conv-t", topic, scenes, turns, chat)
+    [found] = done.value.items
+    assert found.kind == becomes and (len(found.source_scene_ids) == 1) == (becomes == "atomic")
+    assert [(n.kind, n.operation) for n in done.notes] == [("reclassified", "item_extract")]
+    assert chat.count("item_extract") == 1
+    assert extract_items("conv-t", topic, scenes, turns, FakeChatModel({"item_extract": replies(
+        {"items": [item(kind, sources)]})}))[0].kind == becomes  # the plain function too
 
 
 def test_reask_recovers_an_invalid_answer() -> None:
     topic, scenes, turns = build_topic(2)
     chat = FakeChatModel(
-        {"item_extract": replies({"items": [item("atomic", ["S1", "S2"])]}, {"items": [item("atomic", ["S2"])]})}
+        {"item_extract": replies({"items": [item("atomic", ["S1"], content=" ")]}, {"items": [item("atomic", ["S2"])]})}
     )
     items = extract_items("conv-t", topic, scenes, turns, chat)
     assert [i.source_scene_ids for i in items] == [(scenes[1].scene_id,)]
-    assert "exactly one" in chat.calls[1].prompt.messages[-1].content
+    assert "blank" in chat.calls[1].prompt.messages[-1].content
+    assert chat.calls[1].prompt.checked_reask and not chat.calls[0].prompt.checked_reask
 
 
 def test_event_time_from_the_model_else_from_the_latest_source_scene() -> None:

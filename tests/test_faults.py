@@ -3,9 +3,11 @@
 **Faults.** Three LoCoMo conversations (conv-26, conv-30, conv-41; sessions 1-2 of each, to keep
 the test under a minute: ~90 LLM calls) are built twice in fresh stores: once against a clean
 scripted server, once against one injecting faults into 20 % of requests — 429, 500, slow,
-timeout (the server sleeps past the client's 1 s timeout), truncated JSON and schema-invalid JSON,
-mixed — keyed by request content, so the same requests meet the same faults whatever the order
-of a concurrent build. The faulty build must complete and publish the *identical* memory:
+timeout (the server sleeps past the client's 1 s timeout) and schema-invalid JSON, mixed — keyed
+by request content, so the same requests meet the same faults whatever the order of a concurrent
+build. (A truncated answer, ``finish_reason == "length"``, is no transient fault any more: re-asked
+it is cut again, so the stages split their input instead, which yields a different, equally valid
+memory: ``tests/test_flow_robust.py``.) The faulty build must complete and publish the *identical* memory:
 :mod:`tmem.store.memory_image` (what the incremental == full tests use), i.e. every memory table's
 rows of each conversation, all columns, as a multiset, and its vector rows (row ids, owners,
 views, texts; vectors within 1e-5) at the Lance version the snapshot pins.
@@ -48,7 +50,7 @@ from tmem.store.memory_image import MemoryImage, diff_images, memory_image
 pytestmark = [pytest.mark.prefect, pytest.mark.slow, pytest.mark.timeout(1200)]  # two builds; slow when the machine is shared
 
 CONVERSATIONS = {"conv-26": 2, "conv-30": 2, "conv-41": 2}
-MIXED: tuple[FaultKind, ...] = ("rate_limit", "server_error", "slow", "timeout", "truncated", "invalid")
+MIXED: tuple[FaultKind, ...] = ("rate_limit", "server_error", "slow", "timeout", "invalid")
 FAULT_RATE, FAULT_SEED = 0.2, 8
 # Stage task retries (tasks/build.py RETRIES) and adapter repairs (TMEM_LLM_REPAIR_ATTEMPTS default).
 STAGE_ATTEMPTS, ANSWERS_PER_ASK = 3, 2

@@ -219,6 +219,9 @@ def test_posts_are_spooled_at_once_idempotent_and_counted(store: Path, live: Liv
     assert health["pending_turns"] == 7
     assert listing["conv-a"]["pending_turns"] == 7 and listing["conv-a"]["turns"] == 24
     assert listing["conv-b"]["pending_turns"] == 0
+    with httpx.Client(base_url=live.url, timeout=10) as client:  # the explorer's badge counts the same spool
+        explored = {c["conversation_id"]: c for c in client.get("/explorer/api/overview").json()["conversations"]}
+    assert explored["conv-a"]["pending_turns"] == 7 and explored["conv-b"]["pending_turns"] == 0
     # Each spool file is a tmem JSON Lines archive holding exactly that post's new turns.
     first_file, second_file = spooled(store)
     assert first_file.parent.name == second_file.parent.name == conversation_key("conv-a")

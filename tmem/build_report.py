@@ -1,4 +1,11 @@
-"""The summary of one build run: figures for the CLI, DuckDB and the Prefect artifact."""
+"""The summary of one build run: figures for the CLI, DuckDB and the Prefect artifact.
+
+Besides counts and usage it names what is missing and why: conversations that failed or were
+quarantined whole (:class:`Failure`), and units left out of a published conversation
+(:class:`MissingUnit`); and it shows construction health per operation (:class:`OperationHealth`:
+calls, checked re-asks, adapter repairs, truncations, splits, clipped lists, reclassified items,
+dropped refs, quarantined units).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +28,55 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class MissingUnit:
+    """A unit quarantined out of a published conversation (table ``quarantine``)."""
+
+    conversation_id: str
+    operation: str
+    unit_kind: str  # topic_chunk | item | scene | speaker
+    unit_id: str
+    input_ref: str
+    error_type: str
+    reason: str
+    input_digest: str
+    raw_output_excerpt: str | None = None
+
+
+@dataclass(frozen=True)
+class OperationHealth:
+    """How one operation's construction went in a run."""
+
+    operation: str
+    calls: int = 0  # answered by the model (cache hits excluded); failed calls included
+    cache_hits: int = 0
+    checked_reasks: int = 0  # calls that re-asked with a construction check's rejection
+    repairs: int = 0  # the adapter's repair re-asks (invalid JSON or schema)
+    truncations: int = 0  # answers cut at the completion budget
+    output_errors: int = 0  # calls that ended in invalid output (truncations included)
+    splits: int = 0
+    clipped: int = 0
+    reclassified: int = 0
+    dropped_refs: int = 0
+    quarantined_units: int = 0
+
+
+NOTE_FIELDS = {"split": "splits", "clipped": "clipped", "reclassified": "reclassified", "dropped_ref": "dropped_refs",
+               "quarantined": "quarantined_units"}
+
+
+def health_table(usage: dict[str, OperationUsage], notes: dict[str, dict[str, int]]) -> dict[str, OperationHealth]:
+    """Usage-ledger totals and note counts (``{operation: {kind: count}}``) per operation, sorted."""
+    out: dict[str, OperationHealth] = {}
+    for op in sorted(set(usage) | set(notes)):
+        u = usage.get(op, OperationUsage(op))
+        counts = {field: notes.get(op, {}).get(kind, 0) for kind, field in NOTE_FIELDS.items()}
+        out[op] = OperationHealth(op, calls=u.calls - u.cache_hits, cache_hits=u.cache_hits,
+                                  checked_reasks=u.checked_reasks, repairs=u.repairs, truncations=u.truncations,
+                                  output_errors=u.output_errors, **counts)
+    return out
+
+
+@dataclass(frozen=True)
 class BuildSummary:
     run_id: str
     status: str  # completed | partial | failed
@@ -32,10 +88,16 @@ class BuildSummary:
     snapshot_id: str | None
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
+    quarantined_units: list[MissingUnit] = field(default_factory=list)  # left out of published conversations
+    notes: dict[str, dict[str, int]] = field(default_factory=dict)  # {operation: {note kind: count}}
 
     @property
     def quarantined(self) -> list[str]:
         return sorted(f.conversation_id for f in self.failures if f.quarantined)
+
+    @property
+    def health(self) -> dict[str, OperationHealth]:
+        return health_table(self.usage, self.notes)
 
     @property
     def llm_calls(self) -> int:
@@ -84,13 +146,18 @@ class BuildSummary:
             conversations_built=self.conversations_built,
             failures=[asdict(f) for f in self.failures],
             quarantined=self.quarantined,
+            quarantined_units=[asdict(u) for u in self.quarantined_units],
+            notes_by_operation=self.notes,
+            construction_health={op: asdict(h) for op, h in self.health.items()},
             seconds=round(self.seconds, 3),
             batch_calls=self.batch_calls,
             batch_prompt_tokens=self.batch_prompt_tokens,
             batch_completion_tokens=self.batch_completion_tokens,
             usage_by_operation={
                 op: {"calls": u.calls - u.cache_hits, "cache_hits": u.cache_hits, "prompt_tokens": u.prompt_tokens,
-                     "completion_tokens": u.completion_tokens, "batch_calls": u.batch_calls}
+                     "completion_tokens": u.completion_tokens, "batch_calls": u.batch_calls, "repairs": u.repairs,
+                     "checked_reasks": u.checked_reasks, "truncations": u.truncations,
+                     "output_errors": u.output_errors}
                 for op, u in self.usage.items()
             },
         )
@@ -137,6 +204,7 @@ def render_markdown(summary: BuildSummary) -> str:
             f"| {f.conversation_id} | {f.error_type} | {f.operation or ''} | {f.message.replace('|', '/')[:300]} |"
             for f in summary.failures
         ]
+    lines += _health_markdown(summary)
     quarantined = [f for f in summary.failures if f.quarantined]
     if quarantined:
         lines += [
@@ -153,7 +221,43 @@ def render_markdown(summary: BuildSummary) -> str:
             f"| {_cell(f.raw_output_excerpt or '')} |"
             for f in quarantined
         ]
+    if summary.quarantined_units:
+        lines += [
+            "",
+            "## Quarantined units",
+            "",
+            "Left out of a published conversation: invalid LLM output after the repair, the re-asks and the "
+            "splits; the rest of the conversation is published; full record: `tmem quarantine`.",
+            "",
+            "| conversation | operation | unit | input | input digest | reason | raw output (start) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {u.conversation_id} | {u.operation} | {u.unit_kind} `{_cell(u.unit_id, 60)}` | {_cell(u.input_ref)} "
+            f"| `{u.input_digest[:16]}` | {_cell(u.reason)} | {_cell(u.raw_output_excerpt or '')} |"
+            for u in summary.quarantined_units
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _health_markdown(summary: BuildSummary) -> list[str]:
+    health = summary.health
+    if not health:
+        return []
+    lines = [
+        "",
+        "## Construction health",
+        "",
+        "| operation | calls | checked re-asks | repairs | truncations | splits | clipped lists | reclassified "
+        "| dropped refs | quarantined units |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {h.operation} | {h.calls} | {h.checked_reasks} | {h.repairs} | {h.truncations} | {h.splits} | {h.clipped} "
+        f"| {h.reclassified} | {h.dropped_refs} | {h.quarantined_units} |"
+        for h in health.values()
+    ]
+    return lines
 
 
 def _cell(text: str, limit: int = 200) -> str:

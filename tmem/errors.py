@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 
 class TmemError(Exception):
     """Base of every error tmem raises on purpose."""
@@ -33,6 +36,17 @@ class StoreError(TmemError):
     """The store is missing, locked, or inconsistent."""
 
 
+@dataclass(frozen=True)
+class CallSpend:
+    """What a call cost before it failed: the usage ledger records failed calls too."""
+
+    requests: int = 0  # HTTP requests sent, retries and repair re-asks included
+    repairs: int = 0  # of those, the adapter's repair re-asks
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    estimated: bool = False  # the server sent no usage: characters / 4
+
+
 class LLMError(TmemError):
     """An LLM call failed. Names the operation and a short description of its input."""
 
@@ -51,13 +65,21 @@ class LLMError(TmemError):
         self.raw_output = raw_output
         self.input_digest = input_digest  # content hash of the prompt's messages (Prompt.input_digest)
         self.input_excerpt = input_excerpt  # the start of the prompt's input block (Prompt.input_excerpt)
+        self.spend: CallSpend | None = None  # set by the adapter on the error it raises
         super().__init__(f"LLM operation {operation!r} on {input_ref}: {reason}")
 
-    def __reduce__(self) -> tuple[type, tuple[str, str, str, str | None, str | None, str | None]]:
-        return (
-            type(self),
-            (self.operation, self.input_ref, self.reason, self.raw_output, self.input_digest, self.input_excerpt),
-        )
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable with its fields and any attribute set later (spend, a subclass's own), so the typed
+        # error survives a process boundary (Dask, Prefect results).
+        args = (self.operation, self.input_ref, self.reason, self.raw_output, self.input_digest, self.input_excerpt)
+        return (_rebuild, (type(self), args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[LLMError], args: tuple[Any, ...], state: dict[str, Any]) -> LLMError:
+    exc = LLMError.__new__(cls)
+    LLMError.__init__(exc, *args)
+    exc.__dict__.update(state)
+    return exc
 
 
 class LLMTransportError(LLMError):
@@ -66,6 +88,29 @@ class LLMTransportError(LLMError):
 
 class LLMOutputError(LLMError):
     """The model's answer stayed invalid (not JSON, or not the schema) after the bounded repair."""
+
+
+class LLMTruncatedError(LLMOutputError):
+    """The model's answer was cut at the request's completion budget (``finish_reason == "length"``).
+
+    Raised at once, never repaired: asking the same request again is cut again. A construction
+    stage answers it by splitting its input (:mod:`tmem.construct.outcome`); ``max_tokens`` is the
+    budget the request was sent with.
+    """
+
+    def __init__(
+        self,
+        operation: str,
+        input_ref: str,
+        reason: str,
+        raw_output: str | None = None,
+        input_digest: str | None = None,
+        input_excerpt: str | None = None,
+        *,
+        max_tokens: int | None = None,
+    ) -> None:
+        super().__init__(operation, input_ref, reason, raw_output, input_digest, input_excerpt)
+        self.max_tokens = max_tokens
 
 
 class ValidationFailure(LLMOutputError):

@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tmem.prompts.budgets import parse_budgets
+
 Role = Literal["build", "answer", "judge"]
 StructuredMode = Literal["auto", "json_schema", "json_object"]
 LLMProvider = Literal["auto", "openai", "local"]
@@ -66,7 +68,14 @@ class Settings(BaseSettings):
     llm_backoff_s: float = Field(1.0, ge=0, description="First backoff delay; doubles per retry (with jitter).")
     llm_repair_attempts: int = Field(1, ge=0, description="Re-asks after an invalid structured answer.")
     llm_concurrency: int = Field(4, ge=1, description="Max in-flight LLM calls (Prefect tag 'llm').")
-    llm_max_tokens: int = Field(2048, ge=64, description="Completion token cap per call.")
+    llm_max_tokens: int | None = Field(
+        None, ge=64,
+        description="Ceiling on every call's completion budget; unset: each operation's own budget "
+        "(tmem/prompts/budgets.py). The embedded local model's profile sets 640.",
+    )
+    llm_output_budgets: str = Field(
+        "", description="Per-operation completion budgets overriding the defaults, e.g. item_extract=6000,persona=2000.",
+    )
     llm_temperature: float = Field(0.0, ge=0.0, le=2.0)
 
     # OpenAI Batch API for build calls off the serial path (50 % cheaper, up to 24 h latency).
@@ -160,6 +169,17 @@ class Settings(BaseSettings):
                 f"({', '.join(BATCHABLE_OPERATIONS)}); segmentation and topic admission wait on each answer"
             )
         return value
+
+    @field_validator("llm_output_budgets")
+    @classmethod
+    def _known_output_budgets(cls, value: str) -> str:
+        parse_budgets(value)  # raises naming TMEM_LLM_OUTPUT_BUDGETS
+        return value
+
+    @property
+    def output_budgets(self) -> dict[str, int]:
+        """``llm_output_budgets`` as ``{operation: tokens}`` (only the overridden operations)."""
+        return parse_budgets(self.llm_output_budgets)
 
     @property
     def batch_operations(self) -> frozenset[str]:

@@ -1,8 +1,16 @@
 """``tmem build [--conversation ID ...] [--changed] [--store DIR] [--json]``: run the construction flow locally.
 
 Progress goes to stderr, one line per finished conversation (Prefect's own logs go there too);
-the result goes to stdout. Exit status: 0 all built; 3 published the others, some conversations
-quarantined (``tmem quarantine`` lists them); 1 any other failure.
+the result goes to stdout. Exit status:
+
+* 0 — every conversation built whole and published;
+* 4 — every conversation published, but some units were quarantined and left out (one topic
+  chunk's items, one item's or scene's triggers, one speaker's persona);
+* 3 — some conversations quarantined whole (their previous memory kept), the others published
+  (with or without quarantined units);
+* 1 — any other failure (e.g. the endpoint kept failing).
+
+``tmem quarantine`` lists what is quarantined, the build report names it.
 """
 
 from __future__ import annotations
@@ -111,18 +119,23 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         for failure in summary["failures"]:
             tag = "QUARANTINED" if failure.get("quarantined") else "FAILED"
             ctx.print(f"  {tag} {failure['conversation_id']}: {failure['message']}")
-        if summary["quarantined"]:
+        for unit in summary.get("quarantined_units", []):
+            ctx.print(f"  MISSING {unit['conversation_id']} {unit['operation']} {unit['unit_kind']} {unit['unit_id']}: "
+                      f"{unit['reason'][:200]}")
+        if summary["quarantined"] or summary.get("quarantined_units"):
             ctx.print("  (quarantined: invalid LLM output after the bounded repair; see `tmem quarantine`)")
     return exit_status(summary)
 
 
 EXIT_QUARANTINED = 3
+EXIT_UNITS_QUARANTINED = 4
 
 
 def exit_status(summary: dict[str, Any]) -> int:
-    """0 completed; 3 every other conversation published and the failures are all quarantines; else 1."""
+    """0 completed whole; 4 completed with some units quarantined; 3 every other conversation published
+    and the failures are all quarantines; else 1."""
     if summary["status"] == "completed":
-        return 0
+        return EXIT_UNITS_QUARANTINED if summary.get("quarantined_units") else 0
     if summary["status"] == "partial" and all(f.get("quarantined") for f in summary["failures"]):
         return EXIT_QUARANTINED
     return 1

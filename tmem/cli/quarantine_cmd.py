@@ -1,9 +1,11 @@
-"""``tmem quarantine [--all] [--conversation ID] [--store DIR] [--json]``: quarantined conversations.
+"""``tmem quarantine [--all] [--conversation ID] [--store DIR] [--json]``: quarantined conversations and units.
 
-A conversation is quarantined when an LLM operation of its build kept answering invalid output
-after the bounded repair (see :mod:`tmem.store.quarantine`). Listed newest first: conversation,
-run, operation, input (reference, digest, excerpt), reason and the raw output. ``--all`` also
-lists records cleared by a later successful build or superseded by a later quarantine.
+A conversation is quarantined when an operation of its spine (segmentation, topic admission) kept
+answering invalid output after the bounded repair; a unit (one topic chunk's items, one item's or
+scene's triggers, one speaker's persona) when its own answer did, and the conversation published
+without it (see :mod:`tmem.store.quarantine`). Listed newest first: conversation, unit, run,
+operation, input (reference, digest, excerpt), reason and the raw output. ``--all`` also lists
+records cleared by a later successful build or superseded by a later quarantine.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def quarantine_rows(store: Any, *, include_inactive: bool, conversation_id: str 
         con.close()
     return [
         {
-            "conversation_id": r.conversation_id, "run_id": r.run_id, "state": r.state, "error_type": r.error_type,
+            "conversation_id": r.conversation_id, "unit_kind": r.unit_kind, "unit_id": r.unit_id,
+            "run_id": r.run_id, "state": r.state, "error_type": r.error_type,
             "operation": r.operation, "input_ref": r.input_ref, "input_digest": r.input_digest,
             "input_excerpt": r.input_excerpt, "reason": r.reason, "raw_output": r.raw_output,
             "quarantined_at": r.quarantined_at.isoformat(),
@@ -55,10 +58,11 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         ctx.print_json(rows)
         return 0
     if not rows:
-        ctx.print("no conversation is quarantined" if not args.all else "no quarantine records")
+        ctx.print("nothing is quarantined" if not args.all else "no quarantine records")
         return 0
     for r in rows:
-        ctx.print(f"{r['conversation_id']}  [{r['state']}]  run {r['run_id'][:8]}  {r['quarantined_at'][:19]}")
+        unit = "whole conversation" if r["unit_kind"] == "conversation" else f"{r['unit_kind']} {r['unit_id']}"
+        ctx.print(f"{r['conversation_id']}  {unit}  [{r['state']}]  run {r['run_id'][:8]}  {r['quarantined_at'][:19]}")
         ctx.print(f"  operation   {r['operation']} ({r['error_type']})")
         ctx.print(f"  input       {r['input_ref']}  digest {(r['input_digest'] or '-')[:16]}")
         ctx.print(f"  reason      {_one_line(r['reason'], RAW_PREVIEW)}")
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
 COMMAND = Command(
     name="quarantine",
-    help="conversations whose LLM output stayed invalid after repair: operation, input, raw output, reason",
+    help="conversations and units whose LLM output stayed invalid after repair: operation, input, raw output, reason",
     configure=configure,
     run=run,
 )

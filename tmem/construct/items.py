@@ -2,10 +2,20 @@
 
 One ``item_extract`` call per topic over all its scenes' dated dialogue. A topic with more than
 ``max_scenes`` scenes is read in consecutive chunks of ``max_scenes`` (one call each) so the
-prompt stays bounded; connected items then link scenes within a chunk.
+prompt stays bounded; connected items then link scenes within a chunk. A chunk whose answer is
+cut at its completion budget (a dense topic: 40+ items) is asked again in halves of its scenes,
+down to one scene (noted ``split``).
 
-Checks (re-asked once with the reason, then :class:`ValidationFailure`): every source ref is a
-scene of the topic; an atomic item has exactly one source, a connected item two or more.
+An answer is repaired without a call where it can be (:mod:`tmem.construct.outcome`): a cited ref
+that is not a scene of the chunk is dropped (``dropped_ref``; an item left without a source is
+dropped); an atomic item with two or more sources becomes connected and a connected item with one
+becomes atomic (``reclassified``); keywords beyond ``MAX_ITEM_KEYWORDS`` are cut (``clipped``). An
+item with blank content, or an answer none of whose items cites a scene of the chunk (it is about
+something else: a misread ref format, an obeyed injection), is re-asked once with the reason, then
+:class:`ValidationFailure`.
+
+A chunk whose answer stays invalid (after the repair, the re-ask and the splits) is quarantined as
+a ``topic_chunk`` unit by :func:`extract_items_outcome`; the plain functions raise instead.
 
 Event time, in order of preference:
 
@@ -17,6 +27,9 @@ Event time, in order of preference:
 3. else the latest source scene's start: ``"scene"``, shown as approximate; its id is listed in
    :attr:`ExtractedItems.dated_from_scene`, so the fallback is never mistaken for a date the
    dialogue gave.
+
+A scene may belong to several topics: each request names a scene's other topics
+(``other_topics``), whose facts are extracted with them.
 """
 
 from __future__ import annotations
@@ -34,7 +47,9 @@ from tmem.construct.common import (
     parse_model_when,
     unique_phrases,
 )
+from tmem.construct.outcome import BuildNote, StageLog, StageOutcome, ask_in_halves, clip
 from tmem.domain import Item, Scene, TimeGranularity, TimeSource, Topic, Turn
+from tmem.errors import LLMOutputError
 from tmem.ids import content_id
 from tmem.prompts import item_extract
 from tmem.prompts.common import dialogue_blocks
@@ -87,21 +102,52 @@ def extract_items_detailed(
     other_topics: Mapping[str, Sequence[str]] | None = None,
 ) -> ExtractedItems:
     """As :func:`extract_items`, also telling which event times fell back to the scene's time."""
+    return extract_items_outcome(
+        conversation_id, topic, scenes_of_topic, turns_by_id, chat, max_scenes=max_scenes, reasks=reasks,
+        isolate=False, other_topics=other_topics,
+    ).value
+
+
+def extract_items_outcome(
+    conversation_id: str,
+    topic: Topic,
+    scenes_of_topic: Sequence[Scene],
+    turns_by_id: Mapping[str, Turn],
+    chat: ChatModel,
+    *,
+    max_scenes: int = MAX_SCENES_PER_CALL,
+    reasks: int = DEFAULT_REASKS,
+    isolate: bool = True,
+    other_topics: Mapping[str, Sequence[str]] | None = None,
+) -> StageOutcome[ExtractedItems]:
+    """The topic's items with the notes of their extraction; a chunk whose answer stays invalid is
+    quarantined (``isolate``) or raised."""
     if topic.conversation_id != conversation_id:
         raise ValueError(f"topic {topic.topic_id} does not belong to conversation {conversation_id!r}")
     foreign = [s.scene_id for s in scenes_of_topic if s.scene_id not in topic.scene_ids]
     if foreign:
         raise ValueError(f"scenes {foreign} are not scenes of topic {topic.topic_id}")
     ordered = sorted(scenes_of_topic, key=lambda s: s.seq)
+    log = StageLog(isolate=isolate)
     items: dict[str, Item] = {}
     from_scene: set[str] = set()
+
+    def ask(chunk: Sequence[Scene]) -> list[tuple[Item, bool]]:
+        found, notes = _extract_chunk(conversation_id, topic, chunk, turns_by_id, chat, reasks, other_topics or {})
+        log.extend(notes)
+        return found
+
+    def failed(chunk: Sequence[Scene], exc: LLMOutputError) -> None:
+        log.quarantine("topic_chunk", topic.topic_id, exc)
+
     for chunk in batched(ordered, max_scenes):
-        for item, fallback in _extract_chunk(conversation_id, topic, chunk, turns_by_id, chat, reasks, other_topics or {}):
-            if item.item_id not in items:
-                items[item.item_id] = item
-                if fallback:
-                    from_scene.add(item.item_id)
-    return ExtractedItems(tuple(items.values()), frozenset(from_scene))
+        for found in ask_in_halves(chunk, ask, failed, log, what="scenes"):
+            for item, fallback in found:
+                if item.item_id not in items:
+                    items[item.item_id] = item
+                    if fallback:
+                        from_scene.add(item.item_id)
+    return log.outcome(ExtractedItems(tuple(items.values()), frozenset(from_scene)))
 
 
 def _extract_chunk(
@@ -112,7 +158,7 @@ def _extract_chunk(
     chat: ChatModel,
     reasks: int,
     other_topics: Mapping[str, Sequence[str]],
-) -> list[tuple[Item, bool]]:
+) -> tuple[list[tuple[Item, bool]], list[BuildNote]]:
     refs = local_refs("S", scenes)
     payload = item_extract.ExtractInput(
         conversation_id=conversation_id,
@@ -126,28 +172,52 @@ def _extract_chunk(
             for ref, scene in refs.items()
         ],
     )
+    input_ref = item_extract.build(payload).input_ref
 
-    def check(answer: item_extract.ExtractResponse) -> list[tuple[Item, bool]]:
-        return [_item(conversation_id, topic, refs, raw, chat.model_name, turns_by_id) for raw in answer.items]
+    def check(answer: item_extract.ExtractResponse) -> tuple[list[tuple[Item, bool]], list[BuildNote]]:
+        notes = StageLog(isolate=False)  # this answer's own: a rejected answer leaves no note
+        found = [_item(conversation_id, topic, refs, raw, chat.model_name, notes, input_ref, turns_by_id)
+                 for raw in answer.items]
+        kept = [f for f in found if f is not None]
+        if answer.items and not kept:  # an answer about nothing in the input: not a slip, ask again
+            cited = sorted({clean(ref) for raw in answer.items for ref in raw.sources})
+            raise Rejected(f"no item cites a scene of this topic: the items cite {cited}; the scenes are {list(refs)}.")
+        return kept, notes.notes
 
     return ask_checked(chat, item_extract.build, payload, check, reasks=reasks)
 
 
 def _item(
-    conversation_id: str, topic: Topic, refs: Mapping[str, Scene], raw: item_extract.ExtractedItem, model_name: str,
+    conversation_id: str,
+    topic: Topic,
+    refs: Mapping[str, Scene],
+    raw: item_extract.ExtractedItem,
+    model_name: str,
+    log: StageLog,
+    input_ref: str,
     turns_by_id: Mapping[str, Turn],
-) -> tuple[Item, bool]:
+) -> tuple[Item, bool] | None:
     content = clean(raw.content)
     if not content:
         raise Rejected("an item has blank content.")
-    source_refs = list(dict.fromkeys(clean(ref) for ref in raw.sources))
-    unknown = [ref for ref in source_refs if ref not in refs]
+    op = item_extract.OPERATION
+    cited = list(dict.fromkeys(clean(ref) for ref in raw.sources))
+    source_refs = [ref for ref in cited if ref in refs]
+    unknown = [ref for ref in cited if ref not in refs]
     if unknown:
-        raise Rejected(f"item {content[:60]!r} cites {unknown}, which are not scenes of this topic {list(refs)}.")
-    if raw.kind == "atomic" and len(source_refs) != 1:
-        raise Rejected(f"atomic item {content[:60]!r} must have exactly one source scene, has {source_refs}.")
-    if raw.kind == "connected" and len(source_refs) < 2:
-        raise Rejected(f"connected item {content[:60]!r} must have two or more source scenes, has {source_refs}.")
+        fate = "dropped them" if source_refs else "dropped the item, which has no other source"
+        log.note(op, input_ref, "dropped_ref", f"item {content[:60]!r} cites {unknown}, not scenes of the "
+                 f"input {list(refs)}: {fate}")
+    if not source_refs:
+        return None
+    kind = raw.kind
+    if kind == "atomic" and len(source_refs) > 1:
+        kind = "connected"
+    elif kind == "connected" and len(source_refs) < 2:
+        kind = "atomic"
+    if kind != raw.kind:
+        log.note(op, input_ref, "reclassified",
+                 f"{raw.kind} item {content[:60]!r} has sources {source_refs}: made {kind}")
     sources = [refs[ref] for ref in source_refs]
     latest = max(sources, key=lambda s: s.start_time)
     source_ids = tuple(s.scene_id for s in sources)
@@ -163,11 +233,13 @@ def _item(
         start, end, granularity, source = day, None, "day", "said"
     else:
         start, end, granularity, source = latest.start_time, None, "day", "scene"
+    keywords = clip(unique_phrases(raw.keywords), MAX_ITEM_KEYWORDS, log, op, input_ref,
+                    f"keywords of item {content[:60]!r}")
     item = Item(
         conversation_id=conversation_id,
         item_id=item_id(conversation_id, content, source_ids, model_name),
         topic_id=topic.topic_id,
-        kind=raw.kind,
+        kind=kind,
         content=content,
         source_scene_ids=source_ids,
         event_time=start,
@@ -175,7 +247,7 @@ def _item(
         time_granularity=granularity,
         time_phrase=clean(raw.when_phrase) if stated is not None else "",
         time_source=source,
-        keywords=unique_phrases(raw.keywords, limit=MAX_ITEM_KEYWORDS),
+        keywords=tuple(keywords),
     )
     return item, source == "scene"
 

@@ -12,6 +12,12 @@ left without a description and are packed afterwards, several per ``scene_pack``
 * the tail: the scene still open after the last window when the model did not close it there.
 
 Calls for N turns: ceil(N / window) boundary calls + ceil(unpacked / pack_batch) packing calls.
+
+An answer cut at its completion budget (a window that closes many scenes) is asked again with
+the window of new turns halved, down to one turn; the turns left out start the next window, which
+is full-sized again (noted ``split``). A packing batch is halved likewise. Segmentation is the
+spine of a conversation's build: an answer that stays invalid, or a single turn whose answer
+still does not fit, fails the conversation.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tmem.construct.common import DEFAULT_REASKS, Rejected, ask_checked, batched, check_refs, clean, local_refs
+from tmem.construct.outcome import StageLog, StageOutcome, ask_in_halves
 from tmem.domain import Scene, Turn
+from tmem.errors import LLMOutputError, LLMTruncatedError
 from tmem.ids import content_id
 from tmem.prompts import scene_boundaries, scene_pack
 from tmem.prompts.common import dialogue_blocks
@@ -66,15 +74,43 @@ def segment(
     reasks: int = DEFAULT_REASKS,
 ) -> list[Scene]:
     """Scenes of the conversation in order, each described, with content-derived ids."""
+    return segment_outcome(
+        conversation_id, turns, chat, window=window, max_scene_turns=max_scene_turns, pack_batch=pack_batch,
+        reasks=reasks,
+    ).value
+
+
+def segment_outcome(
+    conversation_id: str,
+    turns: Sequence[Turn],
+    chat: ChatModel,
+    *,
+    window: int = 16,
+    max_scene_turns: int = MAX_SCENE_TURNS,
+    pack_batch: int = PACK_BATCH,
+    reasks: int = DEFAULT_REASKS,
+) -> StageOutcome[list[Scene]]:
+    """As :func:`segment`, with the notes of its splits."""
     if window < 1 or max_scene_turns < 1:
         raise ValueError("window and max_scene_turns must be >= 1")
     ordered = ordered_turns(conversation_id, turns)
+    log = StageLog(isolate=False)
     spans: list[_Span] = []
     open_scene: list[Turn] = []
-    for start in range(0, len(ordered), window):
-        new = ordered[start : start + window]
-        final = start + window >= len(ordered)
-        closes = _ask_boundaries(conversation_id, open_scene, new, final, chat, reasks)
+    start, size = 0, window
+    while start < len(ordered):
+        new = ordered[start : start + size]
+        final = start + len(new) >= len(ordered)
+        try:
+            closes = _ask_boundaries(conversation_id, open_scene, new, final, chat, reasks)
+        except LLMTruncatedError as exc:
+            if len(new) < 2:
+                raise
+            size = len(new) // 2
+            log.note(exc.operation, exc.input_ref, "split", f"answer cut at its budget: window of {len(new)} new "
+                     f"turns from {new[0].turn_id} asked again as {size}")
+            continue
+        start, size = start + len(new), window
         taken = 0
         for last, pack in closes:
             span = tuple(open_scene + new[taken : last + 1])
@@ -87,11 +123,11 @@ def segment(
             open_scene = open_scene[max_scene_turns:]
     if open_scene:
         spans.append(_Span(tuple(open_scene), None))
-    packs = _pack_missing(conversation_id, spans, chat, pack_batch, reasks)
-    return [
+    packs = _pack_missing(conversation_id, spans, chat, pack_batch, reasks, log)
+    return log.outcome([
         _scene(conversation_id, seq, span, packs.get(seq) or span.pack, chat.model_name)
         for seq, span in enumerate(spans)
-    ]
+    ])
 
 
 def _pack(title: str, summary: str, narrative: str) -> _Pack:
@@ -145,12 +181,12 @@ def _ask_boundaries(
 
 
 def _pack_missing(
-    conversation_id: str, spans: list[_Span], chat: ChatModel, pack_batch: int, reasks: int
+    conversation_id: str, spans: list[_Span], chat: ChatModel, pack_batch: int, reasks: int, log: StageLog
 ) -> dict[int, _Pack]:
     """Descriptions of the spans that have none, by span position, ``pack_batch`` per call."""
     missing = [seq for seq, span in enumerate(spans) if span.pack is None]
-    packs: dict[int, _Pack] = {}
-    for group in batched(missing, pack_batch):
+
+    def ask(group: Sequence[int]) -> dict[int, _Pack]:
         refs = local_refs("S", group)
         payload = scene_pack.PackInput(
             conversation_id=conversation_id,
@@ -159,11 +195,19 @@ def _pack_missing(
             ],
         )
 
-        def check(answer: scene_pack.PackResponse, refs: dict[str, int] = refs) -> dict[int, _Pack]:
+        def check(answer: scene_pack.PackResponse) -> dict[int, _Pack]:
             check_refs("scene", [clean(s.ref) for s in answer.scenes], list(refs))
             return {refs[clean(s.ref)]: _pack(s.title, s.summary, s.narrative) for s in answer.scenes}
 
-        packs.update(ask_checked(chat, scene_pack.build, payload, check, reasks=reasks))
+        return ask_checked(chat, scene_pack.build, payload, check, reasks=reasks)
+
+    def failed(group: Sequence[int], exc: LLMOutputError) -> None:
+        raise exc  # the spine: no scene is left without its description
+
+    packs: dict[int, _Pack] = {}
+    for group in batched(missing, pack_batch):
+        for answered in ask_in_halves(group, ask, failed, log, what="scenes"):
+            packs.update(answered)
     return packs
 
 

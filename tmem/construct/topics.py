@@ -16,6 +16,10 @@ answerers of a whole-conversation build reported it).
 
 Calls per scene: ceil(|pool| / batch) matching calls, plus one creation call for the first
 scene of an empty pool or when the last batch's proposal is missing or too thin.
+
+More than ``MAX_NEW_KEYWORDS`` new keywords for one admission are cut to that many (noted
+``clipped`` by :func:`admit_topics_outcome`). Topic admission is the spine of a conversation's
+build: an answer that stays invalid fails the conversation (nothing is quarantined here).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tmem.construct.common import DEFAULT_REASKS, Rejected, ask_checked, batched, clean, local_refs, unique_phrases
+from tmem.construct.outcome import BuildNote, StageLog, StageOutcome, clip
 from tmem.domain import Scene, Topic
 from tmem.ids import content_id
 from tmem.prompts import topic_create, topic_match
@@ -70,14 +75,33 @@ def admit_topics(
     Scenes already in a topic of ``existing`` are skipped, so an incremental run over old and
     new scenes only pays for the new ones.
     """
+    return admit_topics_outcome(
+        conversation_id, scenes, chat, existing=existing, batch=batch, max_keywords=max_keywords, reasks=reasks
+    ).value
+
+
+def admit_topics_outcome(
+    conversation_id: str,
+    scenes: Sequence[Scene],
+    chat: ChatModel,
+    *,
+    existing: Iterable[Topic] = (),
+    batch: int = 10,
+    max_keywords: int = MAX_KEYWORDS,
+    reasks: int = DEFAULT_REASKS,
+) -> StageOutcome[TopicPool]:
+    """As :func:`admit_topics`, with the notes of the answers (clipped keyword lists)."""
+    log = StageLog(isolate=False)
     pool = list(existing)
     for scene in sorted(scenes, key=lambda s: s.seq):
         if scene.conversation_id != conversation_id:
             raise ValueError(f"scene {scene.scene_id} does not belong to conversation {conversation_id!r}")
         if any(scene.scene_id in t.scene_ids for t in pool):
             continue
-        pool = admit_scene(conversation_id, pool, scene, chat, batch=batch, max_keywords=max_keywords, reasks=reasks)
-    return TopicPool(conversation_id, tuple(pool))
+        pool = admit_scene(
+            conversation_id, pool, scene, chat, batch=batch, max_keywords=max_keywords, reasks=reasks, log=log
+        )
+    return log.outcome(TopicPool(conversation_id, tuple(pool)))
 
 
 def admit_scene(
@@ -89,8 +113,10 @@ def admit_scene(
     batch: int = 10,
     max_keywords: int = MAX_KEYWORDS,
     reasks: int = DEFAULT_REASKS,
+    log: StageLog | None = None,
 ) -> list[Topic]:
-    """One step of Algorithm 4: the pool after ``scene`` joined its topics or opened a new one."""
+    """One step of Algorithm 4: the pool after ``scene`` joined its topics or opened a new one
+    (notes, if any, go to ``log``)."""
     view = topic_create.SceneView(
         date=iso_date(scene.start_time), title=scene.title, summary=scene.summary, narrative=scene.narrative
     )
@@ -101,7 +127,9 @@ def admit_scene(
     for number, labels in enumerate(batches, start=1):
         last = number == len(batches)
         earlier = [titles[tid] for tid in gained] if last else []
-        admitted, offered = _match(conversation_id, scene, view, labels, last, chat, reasks, earlier)
+        admitted, offered, notes = _match(conversation_id, scene, view, labels, last, chat, reasks, earlier)
+        if log is not None:
+            log.extend(notes)
         gained.update(admitted)
         if last and offered is not None:
             proposal = _usable(offered.title, offered.keywords, max_keywords)
@@ -133,7 +161,7 @@ def _match(
     chat: ChatModel,
     reasks: int,
     already_admitted: Sequence[str] = (),
-) -> tuple[dict[str, tuple[str, ...]], topic_match.TopicProposal | None]:
+) -> tuple[dict[str, tuple[str, ...]], topic_match.TopicProposal | None, list[BuildNote]]:
     refs = local_refs("T", labels)
     payload = topic_match.MatchInput(
         conversation_id=conversation_id,
@@ -144,15 +172,22 @@ def _match(
         already_admitted=list(already_admitted) or None,
     )
 
-    def check(answer: topic_match.MatchResponse) -> tuple[dict[str, tuple[str, ...]], topic_match.TopicProposal | None]:
+    input_ref = topic_match.build(payload).input_ref
+
+    def check(
+        answer: topic_match.MatchResponse,
+    ) -> tuple[dict[str, tuple[str, ...]], topic_match.TopicProposal | None, list[BuildNote]]:
+        notes = StageLog(isolate=False)  # this answer's own: a rejected answer leaves no note
         admitted: dict[str, tuple[str, ...]] = {}
         for admission in answer.admitted:
             ref = clean(admission.ref)
             if ref not in refs:
                 raise Rejected(f"topic ref {ref!r} is not among the listed topics {list(refs)}.")
             topic = refs[ref]
-            admitted[topic.topic_id] = admitted.get(topic.topic_id, ()) + unique_phrases(admission.new_keywords)
-        return admitted, answer.new_topic
+            new = clip(unique_phrases(admission.new_keywords), topic_match.MAX_NEW_KEYWORDS, notes,
+                       topic_match.OPERATION, input_ref, f"new keywords for {ref}")
+            admitted[topic.topic_id] = admitted.get(topic.topic_id, ()) + tuple(new)
+        return admitted, answer.new_topic, notes.notes
 
     return ask_checked(chat, topic_match.build, payload, check, reasks=reasks)
 

@@ -2,7 +2,12 @@
 (scene Q IV + horizon Q III), several hosts per call.
 
 Each batch is checked: every host of the batch answered exactly once, no unknown ref, no blank
-cue (re-asked once with the reason, then :class:`ValidationFailure`).
+cue (re-asked once with the reason, then :class:`ValidationFailure`). Entity and bridge lists
+longer than their stated limits are cut to them (noted ``clipped``, :mod:`tmem.construct.outcome`).
+A batch whose answer is cut at its completion budget is asked again in halves, down to one host.
+The ``*_outcome`` functions isolate failures: a batch whose answer stays invalid is split to find
+its host(s) at fault, and a single host's failure is quarantined (an ``item`` or ``scene`` unit)
+while the others keep their triggers; the plain functions raise instead.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from tmem.construct.common import (
     local_refs,
     unique_phrases,
 )
+from tmem.construct.outcome import BuildNote, StageLog, StageOutcome, ask_in_halves, clip
 from tmem.domain import HORIZON_CHANNELS, BridgeTrigger, Item, ItemTriggers, Scene, SceneTriggers, Turn
+from tmem.errors import LLMOutputError
 from tmem.prompts import item_triggers as item_prompt
 from tmem.prompts import scene_triggers as scene_prompt
 from tmem.prompts.common import iso_date, iso_when
@@ -38,30 +45,64 @@ def item_triggers(
     reasks: int = DEFAULT_REASKS,
 ) -> list[ItemTriggers]:
     """Entity and bridge triggers of every item, in item order; ``batch`` items per call."""
+    return item_triggers_outcome(conversation_id, items, chat, batch=batch, reasks=reasks, isolate=False).value
+
+
+def item_triggers_outcome(
+    conversation_id: str,
+    items: Sequence[Item],
+    chat: ChatModel,
+    *,
+    batch: int = ITEM_BATCH,
+    reasks: int = DEFAULT_REASKS,
+    isolate: bool = True,
+) -> StageOutcome[list[ItemTriggers]]:
+    """As :func:`item_triggers`, with notes; an item whose answer stays invalid is quarantined (``isolate``)."""
     _same_conversation(conversation_id, [(i.item_id, i.conversation_id) for i in items])
+    log = StageLog(isolate=isolate)
+
+    def ask(group: Sequence[Item]) -> list[ItemTriggers]:
+        found, notes = _ask_item_batch(conversation_id, group, chat, reasks)
+        log.extend(notes)
+        return found
+
+    def failed(group: Sequence[Item], exc: LLMOutputError) -> None:
+        for item in group:
+            log.quarantine("item", item.item_id, exc)
+
     found: list[ItemTriggers] = []
     for group in batched(items, batch):
-        refs = local_refs("I", group)
-        payload = item_prompt.ItemTriggerInput(
-            conversation_id=conversation_id,
-            items=[
-                item_prompt.ItemView(
-                    ref=ref, content=item.content, date=iso_when(item.time)
-                )
-                for ref, item in refs.items()
-            ],
-        )
-
-        def check(answer: item_prompt.ItemTriggerResponse, refs: dict[str, Item] = refs) -> list[ItemTriggers]:
-            check_refs("item", [clean(a.ref) for a in answer.items], list(refs))
-            by_ref = {clean(a.ref): a for a in answer.items}
-            return [_item_triggers(conversation_id, item, by_ref[ref]) for ref, item in refs.items()]
-
-        found.extend(ask_checked(chat, item_prompt.build, payload, check, reasks=reasks))
-    return found
+        for answered in ask_in_halves(group, ask, failed, log, what="items", split_failures=isolate):
+            found.extend(answered)
+    return log.outcome(found)
 
 
-def _item_triggers(conversation_id: str, item: Item, answer: item_prompt.ItemTriggerAnswer) -> ItemTriggers:
+def _ask_item_batch(
+    conversation_id: str, group: Sequence[Item], chat: ChatModel, reasks: int
+) -> tuple[list[ItemTriggers], list[BuildNote]]:
+    refs = local_refs("I", group)
+    payload = item_prompt.ItemTriggerInput(
+        conversation_id=conversation_id,
+        items=[
+            item_prompt.ItemView(ref=ref, content=item.content, date=iso_when(item.time))
+            for ref, item in refs.items()
+        ],
+    )
+    input_ref = item_prompt.build(payload).input_ref
+
+    def check(answer: item_prompt.ItemTriggerResponse) -> tuple[list[ItemTriggers], list[BuildNote]]:
+        check_refs("item", [clean(a.ref) for a in answer.items], list(refs))
+        by_ref = {clean(a.ref): a for a in answer.items}
+        notes = StageLog(isolate=False)  # this answer's own: a rejected answer leaves no note
+        found = [_item_triggers(conversation_id, item, by_ref[ref], notes, input_ref) for ref, item in refs.items()]
+        return found, notes.notes
+
+    return ask_checked(chat, item_prompt.build, payload, check, reasks=reasks)
+
+
+def _item_triggers(
+    conversation_id: str, item: Item, answer: item_prompt.ItemTriggerAnswer, log: StageLog, input_ref: str
+) -> ItemTriggers:
     entities = unique_phrases(answer.entities)
     bridges = tuple(
         BridgeTrigger(situation=clean(b.situation), rationale=clean(b.rationale))
@@ -70,7 +111,13 @@ def _item_triggers(conversation_id: str, item: Item, answer: item_prompt.ItemTri
     )
     if not entities or not bridges:
         raise Rejected(f"item {answer.ref!r} needs at least one entity and one bridge with its rationale.")
-    return ItemTriggers(conversation_id=conversation_id, item_id=item.item_id, entities=entities, bridges=bridges)
+    op = item_prompt.OPERATION
+    return ItemTriggers(
+        conversation_id=conversation_id,
+        item_id=item.item_id,
+        entities=tuple(clip(entities, item_prompt.MAX_ENTITIES, log, op, input_ref, f"entities of {answer.ref}")),
+        bridges=tuple(clip(bridges, item_prompt.MAX_BRIDGES, log, op, input_ref, f"bridges of {answer.ref}")),
+    )
 
 
 def scene_triggers(
@@ -86,31 +133,63 @@ def scene_triggers(
 
     ``turns_by_id`` gives each scene's speakers, whose arcs the horizons project.
     """
+    return scene_triggers_outcome(
+        conversation_id, scenes, turns_by_id, chat, batch=batch, reasks=reasks, isolate=False
+    ).value
+
+
+def scene_triggers_outcome(
+    conversation_id: str,
+    scenes: Sequence[Scene],
+    turns_by_id: Mapping[str, Turn],
+    chat: ChatModel,
+    *,
+    batch: int = SCENE_BATCH,
+    reasks: int = DEFAULT_REASKS,
+    isolate: bool = True,
+) -> StageOutcome[list[SceneTriggers]]:
+    """As :func:`scene_triggers`, with notes; a scene whose answer stays invalid is quarantined (``isolate``)."""
     _same_conversation(conversation_id, [(s.scene_id, s.conversation_id) for s in scenes])
+    log = StageLog(isolate=isolate)
+
+    def ask(group: Sequence[Scene]) -> list[SceneTriggers]:
+        return _ask_scene_batch(conversation_id, group, turns_by_id, chat, reasks)
+
+    def failed(group: Sequence[Scene], exc: LLMOutputError) -> None:
+        for scene in group:
+            log.quarantine("scene", scene.scene_id, exc)
+
     found: list[SceneTriggers] = []
     for group in batched(scenes, batch):
-        refs = local_refs("S", group)
-        payload = scene_prompt.SceneTriggerInput(
-            conversation_id=conversation_id,
-            scenes=[
-                scene_prompt.SceneNarrative(
-                    ref=ref,
-                    date=iso_date(scene.start_time),
-                    speakers=_speakers(scene, turns_by_id),
-                    title=scene.title,
-                    narrative=scene.narrative,
-                )
-                for ref, scene in refs.items()
-            ],
-        )
+        for answered in ask_in_halves(group, ask, failed, log, what="scenes", split_failures=isolate):
+            found.extend(answered)
+    return log.outcome(found)
 
-        def check(answer: scene_prompt.SceneTriggerResponse, refs: dict[str, Scene] = refs) -> list[SceneTriggers]:
-            check_refs("scene", [clean(a.ref) for a in answer.scenes], list(refs))
-            by_ref = {clean(a.ref): a for a in answer.scenes}
-            return [_scene_triggers(conversation_id, scene, by_ref[ref]) for ref, scene in refs.items()]
 
-        found.extend(ask_checked(chat, scene_prompt.build, payload, check, reasks=reasks))
-    return found
+def _ask_scene_batch(
+    conversation_id: str, group: Sequence[Scene], turns_by_id: Mapping[str, Turn], chat: ChatModel, reasks: int
+) -> list[SceneTriggers]:
+    refs = local_refs("S", group)
+    payload = scene_prompt.SceneTriggerInput(
+        conversation_id=conversation_id,
+        scenes=[
+            scene_prompt.SceneNarrative(
+                ref=ref,
+                date=iso_date(scene.start_time),
+                speakers=_speakers(scene, turns_by_id),
+                title=scene.title,
+                narrative=scene.narrative,
+            )
+            for ref, scene in refs.items()
+        ],
+    )
+
+    def check(answer: scene_prompt.SceneTriggerResponse) -> list[SceneTriggers]:
+        check_refs("scene", [clean(a.ref) for a in answer.scenes], list(refs))
+        by_ref = {clean(a.ref): a for a in answer.scenes}
+        return [_scene_triggers(conversation_id, scene, by_ref[ref]) for ref, scene in refs.items()]
+
+    return ask_checked(chat, scene_prompt.build, payload, check, reasks=reasks)
 
 
 def _scene_triggers(conversation_id: str, scene: Scene, answer: scene_prompt.SceneTriggerAnswer) -> SceneTriggers:

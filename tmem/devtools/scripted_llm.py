@@ -18,6 +18,10 @@ of the same request draws again). ``fault_counts()`` counts what was injected, b
 finish_reason ``length``), ``invalid`` (JSON that breaks the requested schema), ``unauthorized``
 (401 quoting the bearer token back, as some real servers do: tests that keys stay out of errors).
 
+``enforce_max_tokens``: an answer longer than the request's ``max_tokens`` (``max_completion_tokens``),
+counted at 4 characters a token as the usage is, is cut there and marked finish_reason ``length`` — as a
+hosted model cuts a long answer (and as ``tools/model-bridge`` does).
+
 Run standalone: ``python -m tmem.devtools.scripted_llm --port 8080 [--latency-ms 50]``.
 """
 
@@ -141,6 +145,7 @@ class ScriptedLLM:
         timeout_sleep_s: float = 2.0,
         reject_json_schema: bool = False,
         omit_usage: bool = False,
+        enforce_max_tokens: bool = False,
         batch_in_progress_polls: int = 1,
         batch_delay_s: float = 0.0,
     ) -> None:
@@ -165,6 +170,7 @@ class ScriptedLLM:
         self.timeout_sleep_s = timeout_sleep_s
         self.reject_json_schema = reject_json_schema
         self.omit_usage = omit_usage
+        self.enforce_max_tokens = enforce_max_tokens
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._scripted: dict[str | None, deque[FaultKind]] = defaultdict(deque)
@@ -312,6 +318,9 @@ class ScriptedLLM:
             content, finish = content[: max(1, len(content) // 2)], "length"
         elif fault == "invalid":
             content = _break_schema(content, fmt)
+        cap = body.get("max_completion_tokens") or body.get("max_tokens")
+        if self.enforce_max_tokens and cap and len(content) > int(cap) * CHARS_PER_TOKEN:
+            content, finish = content[: int(cap) * CHARS_PER_TOKEN], "length"
         usage = None if self.omit_usage else _usage(body, content)
         self._record(RecordedRequest(operation, body, 200, fault, content, usage, None, via))  # before any sleep
         if via == "chat":
@@ -329,10 +338,13 @@ class ScriptedLLM:
         return 200, reply, {}
 
 
+CHARS_PER_TOKEN = 4
+
+
 def _usage(body: dict[str, Any], content: str) -> dict[str, int]:
     """Deterministic token counts: ~4 characters per token."""
     prompt_chars = sum(len(str(m.get("content") or "")) for m in body.get("messages", []))
-    prompt, completion = max(1, prompt_chars // 4), max(1, len(content) // 4)
+    prompt, completion = max(1, prompt_chars // CHARS_PER_TOKEN), max(1, len(content) // CHARS_PER_TOKEN)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -385,6 +397,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fault-keying", choices=get_args(FaultKeying), default="sequence")
     parser.add_argument("--reject-json-schema", action="store_true")
     parser.add_argument("--omit-usage", action="store_true")
+    parser.add_argument("--enforce-max-tokens", action="store_true",
+                        help="cut answers at the request's max_tokens (4 characters a token), finish_reason length")
     parser.add_argument("--batch-in-progress-polls", type=int, default=1, help="polls a batch answers in_progress")
     parser.add_argument("--batch-delay-s", type=float, default=0.0, help="a batch runs at least this long")
     args = parser.parse_args(argv)
@@ -403,6 +417,7 @@ def main(argv: list[str] | None = None) -> None:
         fault_keying=args.fault_keying,
         reject_json_schema=args.reject_json_schema,
         omit_usage=args.omit_usage,
+        enforce_max_tokens=args.enforce_max_tokens,
         batch_in_progress_polls=args.batch_in_progress_polls,
         batch_delay_s=args.batch_delay_s,
     )

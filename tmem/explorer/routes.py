@@ -8,7 +8,7 @@ only the pinned published snapshot, never the builder's ``work.duckdb``.
 
 Builds and quarantine come from the snapshot's copy of the builder's records, as they stood at
 publish (:mod:`tmem.store.snapshot_catalog`). Turns posted by a live assistant and not built
-yet are counted by the ``pending_turns`` hook (none until a spool provides them).
+yet are counted by the ``pending_turns`` hook (the service passes the spool of posted turns).
 """
 
 from __future__ import annotations

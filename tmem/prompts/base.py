@@ -38,6 +38,12 @@ class Prompt(Generic[R]):
     messages: tuple[Message, ...]
     response_model: type[R]
     input_ref: str  # short human-readable description of the input, for errors and logs
+    # Completion-token budget of the operation (tmem.prompts.budgets); None: the adapter's fallback.
+    # Not part of the cache key: a valid answer is valid whatever the cap it was asked under.
+    max_tokens: int | None = None
+    # True when the messages carry the rejection feedback of an earlier answer (a checked re-ask of
+    # the construction stage, tmem.construct.common.ask_checked); the usage ledger counts them.
+    checked_reask: bool = False
 
     def json_schema(self) -> dict[str, Any]:
         return self.response_model.model_json_schema()
@@ -54,7 +60,11 @@ class Prompt(Generic[R]):
         return text if len(text) <= limit else text[:limit] + "..."
 
     def cache_key(self, model: str) -> str:
-        """Content key: model, operation, prompt version, messages and response schema."""
+        """Content key: model, operation, prompt version, messages and response schema.
+
+        ``max_tokens`` is left out on purpose: an answer that validated is as valid under any other
+        budget (a cut answer never validates and is never cached), so a changed budget re-asks nothing.
+        """
         return content_hash(
             model,
             self.operation,

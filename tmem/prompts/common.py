@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from tmem.domain import ItemTime, Turn
 from tmem.prompts.base import Message, Prompt, render_input
+from tmem.prompts.budgets import budget_for
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -141,7 +142,10 @@ def assemble(
 ) -> Prompt[R]:
     """System message (role, rules, field guide, one example) and user message (task, the recalled
     ``context`` as plain text between ``<context>`` tags when given — readable, not a JSON-escaped
-    string — then the input block)."""
+    string — then the input block).
+
+    The prompt carries the operation's completion-token budget (:mod:`tmem.prompts.budgets`) and
+    whether it is a checked re-ask (``feedback`` given)."""
     system_text = "\n\n".join(
         [
             system,
@@ -163,4 +167,6 @@ def assemble(
         messages=(Message("system", system_text), Message("user", "\n\n".join(parts))),
         response_model=response_model,
         input_ref=input_ref,
+        max_tokens=budget_for(operation),
+        checked_reask=feedback is not None,
     )

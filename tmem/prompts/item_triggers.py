@@ -9,6 +9,10 @@ from tmem.prompts.common import assemble
 
 OPERATION = "item_triggers"
 VERSION = "2"
+# Stated in the descriptions and cut to by the construction stage (tmem/construct/triggers.py), not
+# enforced by the schema: a longer list is clipped and counted, not a failed answer.
+MAX_ENTITIES = 5
+MAX_BRIDGES = 4
 
 
 class ItemView(BaseModel):
@@ -34,11 +38,10 @@ class ItemTriggerAnswer(BaseModel):
     ref: str = Field(description="The item's ref from the input.")
     entities: list[str] = Field(
         min_length=1,
-        max_length=5,
         description="One to five broader concepts the item is an instance of (e.g. 'food allergy', 'dietary restriction').",
     )
     bridges: list[Bridge] = Field(
-        min_length=1, max_length=4, description="One to four situations far from the item's wording."
+        min_length=1, description="One to four situations far from the item's wording."
     )
 
 

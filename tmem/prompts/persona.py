@@ -13,7 +13,7 @@ from tmem.prompts.common import DialogueBlock, assemble
 
 OPERATION = "persona"
 VERSION = "3"
-MAX_ENTRIES = 12
+MAX_ENTRIES = 12  # stated in the descriptions; longer lists are clipped by tmem/construct/persona.py
 
 
 class TimelineEntry(BaseModel):
@@ -33,20 +33,19 @@ def _list_help(what: str) -> str:
 
 class PersonaDraft(BaseModel):
     identity: list[str] = Field(
-        max_length=MAX_ENTRIES, description=_list_help("who the speaker is: age, origin, job, roles")
+        description=_list_help("who the speaker is: age, origin, job, roles")
     )
     preferences: list[str] = Field(
-        max_length=MAX_ENTRIES, description=_list_help("likes, dislikes, hobbies, favourite things")
+        description=_list_help("likes, dislikes, hobbies, favourite things")
     )
     traits: list[str] = Field(
-        max_length=MAX_ENTRIES,
         description=_list_help("character traits, values and attitudes, each with a hint of evidence"),
     )
     relations: list[str] = Field(
-        max_length=MAX_ENTRIES, description=_list_help("people in the speaker's life and how they relate, with names")
+        description=_list_help("people in the speaker's life and how they relate, with names")
     )
     timeline: list[TimelineEntry] = Field(
-        max_length=MAX_ENTRIES, description="Standing facts in the order they became true."
+        description="Standing facts in the order they became true."
     )
 
 

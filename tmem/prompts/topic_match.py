@@ -16,7 +16,7 @@ from tmem.prompts.topic_create import KEYWORDS_HELP, MIN_KEYWORDS, TOPIC_TITLE_H
 
 OPERATION = "topic_match"
 VERSION = "3"
-MAX_NEW_KEYWORDS = 5
+MAX_NEW_KEYWORDS = 5  # stated in the description; more are clipped by tmem/construct/topics.py
 
 
 class TopicLabel(BaseModel):
@@ -40,7 +40,6 @@ class Admission(BaseModel):
     ref: str = Field(description="Ref of a topic that this scene continues.")
     new_keywords: list[str] = Field(
         default_factory=list,
-        max_length=MAX_NEW_KEYWORDS,
         description=f"Up to {MAX_NEW_KEYWORDS} keywords of this scene that the topic lacks; may be empty.",
     )
 

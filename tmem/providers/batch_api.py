@@ -57,6 +57,7 @@ class LineResult:
     usage: TokenUsage | None = None
     error: str = ""
     batch_id: str = ""  # set when handed to a caller
+    finish_reason: str | None = None  # "length": the answer was cut at the request's max_tokens
 
     @property
     def ok(self) -> bool:
@@ -127,7 +128,9 @@ def parse_result_line(raw: str, where: str) -> LineResult:
     if not choices:
         raise BatchFormatError("batch-result", where, "status 200 with no choices")
     content = str((choices[0].get("message") or {}).get("content") or "")
-    return LineResult(custom_id, 200, content=content, usage=_usage_of(body, content))
+    finish = choices[0].get("finish_reason")
+    return LineResult(custom_id, 200, content=content, usage=_usage_of(body, content),
+                      finish_reason=str(finish) if finish is not None else None)
 
 
 def parse_results(text: str, file_id: str) -> dict[str, LineResult]:

@@ -55,7 +55,9 @@ class SyncAdapter(Protocol):
 
     def request_body(self, prompt: Prompt[Any], extra: list[dict[str, str]] | None = None) -> dict[str, Any]: ...
 
-    def complete_metered(self, prompt: Prompt[R], first: tuple[str, TokenUsage] | None = None) -> Completion[R]: ...
+    def complete_metered(
+        self, prompt: Prompt[R], first: tuple[str, TokenUsage, str | None] | None = None
+    ) -> Completion[R]: ...
 
 
 class BatchTransport(Protocol):
@@ -178,7 +180,7 @@ class BatchingChatModel:
             raise line_error(result, prompt.operation, prompt.input_ref)
         usage = result.usage or TokenUsage()
         with self._slots:  # validation; a repair re-ask is a synchronous call
-            done = self._sync.complete_metered(prompt, (result.content, usage))
+            done = self._sync.complete_metered(prompt, (result.content, usage, result.finish_reason))
         return replace(done, batch_usage=usage)
 
     def flush(self) -> None:

@@ -1,8 +1,11 @@
 """The real chat adapter: any OpenAI-compatible endpoint through the ``openai`` client.
 
 One :meth:`OpenAIChatModel.complete` call is: send the prompt asking for JSON that matches
-the response model's schema; retry transient HTTP failures with backoff; validate; re-ask a
-bounded number of times with the validation errors; return the model or raise a typed error.
+the response model's schema, with the operation's completion budget as ``max_tokens``; retry
+transient HTTP failures with backoff; validate; re-ask a bounded number of times with the
+validation errors; return the model or raise a typed error. An answer the server cut at the
+budget (``finish_reason == "length"``) is not repaired — the same request would be cut again —
+but raised at once as :class:`~tmem.errors.LLMTruncatedError`, for the caller to split its input.
 
 Structured output: ``json_schema`` response format where the server has it; in ``auto`` mode
 a server that refuses it (HTTP 400/422 naming response_format/json_schema) is remembered and
@@ -24,8 +27,9 @@ from typing import Any, Literal, TypeVar
 import openai
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from tmem.errors import LLMError, LLMOutputError, LLMTransportError
+from tmem.errors import CallSpend, LLMError, LLMOutputError, LLMTransportError, LLMTruncatedError
 from tmem.prompts.base import Prompt
+from tmem.prompts.budgets import FALLBACK_BUDGET
 from tmem.providers.llm_ledger import Completion, TokenUsage
 from tmem.settings import Role, RoleEndpoint, Settings, StructuredMode
 
@@ -71,8 +75,15 @@ class ChatConfig:
     retry_after_cap_s: float = 60.0  # a server's Retry-After is honoured up to this
     repair_attempts: int = 1
     structured_mode: StructuredMode = "auto"
-    max_tokens: int = 2048
+    max_tokens: int | None = None  # ceiling on every request's budget (None: the operation's own)
+    output_budgets: tuple[tuple[str, int], ...] = ()  # per-operation overrides of the prompts' budgets
     temperature: float = 0.0
+
+    def max_tokens_for(self, prompt: Prompt[Any]) -> int:
+        """The request's ``max_tokens``: the override of its operation, else the prompt's budget (else
+        the fallback), capped by ``max_tokens``."""
+        budget = dict(self.output_budgets).get(prompt.operation) or prompt.max_tokens or FALLBACK_BUDGET
+        return min(budget, self.max_tokens) if self.max_tokens is not None else budget
 
     @classmethod
     def from_endpoint(cls, endpoint: RoleEndpoint, **knobs: Any) -> ChatConfig:
@@ -88,6 +99,7 @@ class ChatConfig:
             repair_attempts=settings.llm_repair_attempts,
             structured_mode=settings.llm_structured_mode,
             max_tokens=settings.llm_max_tokens,
+            output_budgets=tuple(sorted(settings.output_budgets.items())),
             temperature=settings.llm_temperature,
         )
 
@@ -133,6 +145,26 @@ def _strip_fence(content: str) -> str:
         first_line, _, rest = text.partition("\n")
         text = rest if first_line.strip().isalpha() or not first_line.strip() else text
     return text.strip()
+
+
+def truncation_error(prompt: Prompt[Any], content: str, budget: int, spend: CallSpend | None) -> LLMTruncatedError:
+    """What the adapter raises for an answer cut at ``budget`` tokens (typed fakes raise the same)."""
+    error = LLMTruncatedError(
+        prompt.operation,
+        prompt.input_ref,
+        f"answer cut at the completion budget of {budget} tokens (finish_reason length, {len(content)} "
+        f"characters); split the input or raise TMEM_LLM_OUTPUT_BUDGETS for {prompt.operation}",
+        raw_output=content,
+        input_digest=prompt.input_digest(),
+        input_excerpt=prompt.input_excerpt(),
+        max_tokens=budget,
+    )
+    error.spend = spend
+    return error
+
+
+def _spend(usage: TokenUsage, requests: int, repairs: int) -> CallSpend:
+    return CallSpend(requests, repairs, usage.prompt_tokens, usage.completion_tokens, usage.estimated)
 
 
 def _describe_errors(exc: ValidationError) -> str:
@@ -186,27 +218,32 @@ class OpenAIChatModel:
             "model": self.config.model,
             "messages": self._messages(prompt, extra or [], mode),
             "response_format": self._response_format(prompt, mode),
-            "max_tokens": self.config.max_tokens,
+            "max_tokens": self.config.max_tokens_for(prompt),
             "temperature": self.config.temperature,
         }
 
-    def complete_metered(self, prompt: Prompt[R], first: tuple[str, TokenUsage] | None = None) -> Completion[R]:
-        """Ask, validate, repair. ``first``: an answer obtained elsewhere (a Batch API line) to start from;
-        it counts as one request, and repairs of it are asked synchronously."""
+    def complete_metered(
+        self, prompt: Prompt[R], first: tuple[str, TokenUsage, str | None] | None = None
+    ) -> Completion[R]:
+        """Ask, validate, repair. ``first``: an answer obtained elsewhere (a Batch API line: content,
+        usage, finish reason) to start from; it counts as one request, and repairs of it are asked
+        synchronously. A failure raises with :attr:`~tmem.errors.LLMError.spend` set."""
         extra: list[dict[str, str]] = []  # bad answers and repair requests, in order
         usage = TokenUsage()
         requests = 0
         content = ""
         errors = ""
-        for _answer in range(self.config.repair_attempts + 1):
+        for answer in range(self.config.repair_attempts + 1):
             if first is not None:
-                (content, call_usage), sent, first = first, 1, None
+                (content, call_usage, finish), sent, first = first, 1, None
             else:
-                content, call_usage, sent = self._send(prompt, extra)
+                content, call_usage, sent, finish = self._send(prompt, extra)
             usage, requests = usage + call_usage, requests + sent
             try:
                 value = prompt.response_model.model_validate_json(_strip_fence(content))
             except ValidationError as exc:
+                if finish == "length":  # cut at the budget: a repair would be cut again
+                    raise self._truncated(prompt, content, usage, requests, answer) from None
                 errors = _describe_errors(exc)
                 log.warning("invalid answer for %s on %s: %s", prompt.operation, prompt.input_ref, errors)
                 extra += [
@@ -214,9 +251,10 @@ class OpenAIChatModel:
                     {"role": "user", "content": REPAIR_INSTRUCTION.format(errors=errors)},
                 ]
                 continue
-            return Completion(value=value, usage=usage, requests=requests)
+            # A "length" answer that validates ended exactly at the budget: it is whole, keep it.
+            return Completion(value=value, usage=usage, requests=requests, repairs=answer)
         answers = self.config.repair_attempts + 1
-        raise LLMOutputError(
+        failure = LLMOutputError(
             prompt.operation,
             prompt.input_ref,
             f"answer invalid after {answers} attempt(s) ({requests} requests): {errors}",
@@ -224,6 +262,16 @@ class OpenAIChatModel:
             input_digest=prompt.input_digest(),
             input_excerpt=prompt.input_excerpt(),
         )
+        failure.spend = _spend(usage, requests, answers - 1)
+        raise failure
+
+    def _truncated(
+        self, prompt: Prompt[Any], content: str, usage: TokenUsage, requests: int, repairs: int
+    ) -> LLMTruncatedError:
+        budget = self.config.max_tokens_for(prompt)
+        log.warning("answer for %s on %s cut at its budget of %d tokens (%d characters)",
+                    prompt.operation, prompt.input_ref, budget, len(content))
+        return truncation_error(prompt, content, budget, _spend(usage, requests, repairs))
 
     def _messages(self, prompt: Prompt[Any], extra: list[dict[str, str]], mode: str) -> list[dict[str, str]]:
         messages = [{"role": m.role, "content": m.content} for m in prompt.messages]
@@ -244,8 +292,9 @@ class OpenAIChatModel:
             "json_schema": {"name": _schema_name(prompt.operation), "schema": prompt.json_schema(), "strict": False},
         }
 
-    def _send(self, prompt: Prompt[Any], extra: list[dict[str, str]]) -> tuple[str, TokenUsage, int]:
-        """One answer from the endpoint: (content, usage, requests sent). Retries transient errors."""
+    def _send(self, prompt: Prompt[Any], extra: list[dict[str, str]]) -> tuple[str, TokenUsage, int, str | None]:
+        """One answer from the endpoint: (content, usage, requests sent, finish reason). Retries
+        transient errors."""
         requests = 0
         retries = 0
         while True:
@@ -277,16 +326,20 @@ class OpenAIChatModel:
             self._sleep(delay)
             retries += 1
 
-    def _read(self, reply: Any, messages: list[dict[str, str]], requests: int) -> tuple[str, TokenUsage, int]:
+    def _read(
+        self, reply: Any, messages: list[dict[str, str]], requests: int
+    ) -> tuple[str, TokenUsage, int, str | None]:
         content = ""
+        finish: str | None = None
         if reply.choices:
             content = reply.choices[0].message.content or ""
+            finish = reply.choices[0].finish_reason
         if reply.usage is not None:
             usage = TokenUsage(reply.usage.prompt_tokens or 0, reply.usage.completion_tokens or 0)
         else:  # some servers send no usage: estimate at ~4 characters per token, and say so
             prompt_chars = sum(len(m["content"]) for m in messages)
             usage = TokenUsage(prompt_chars // 4, len(content) // 4, estimated=True)
-        return content, usage, requests
+        return content, usage, requests, finish
 
     def _falls_back(self, exc: openai.APIError, mode: str, operation: str) -> bool:
         """In auto mode, switch to JSON mode for good when the server refuses json_schema."""

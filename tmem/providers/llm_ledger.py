@@ -2,7 +2,10 @@
 
 The adapter (:class:`tmem.providers.chat.OpenAIChatModel`) reports what one call cost as a
 :class:`Completion`; :class:`CachedChatModel` turns that into one ledger row per call and
-stores the validated answer under the prompt's content key, so a rerun makes no requests.
+stores the validated answer under the prompt's content key, so a rerun makes no requests. A call
+that ends in invalid output (:class:`~tmem.errors.LLMOutputError`, a truncation included) writes a
+ledger row too — its tokens were spent — flagged so that construction health (repairs, checked
+re-asks, truncations, failed calls per operation and run) can be read from the ledger.
 The storage behind both is a small protocol: in memory here (unit tests), DuckDB in
 :mod:`tmem.store.llm_cache`.
 """
@@ -20,6 +23,7 @@ from typing import Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from tmem.errors import LLMOutputError, LLMTruncatedError
 from tmem.prompts.base import Prompt
 
 R = TypeVar("R", bound=BaseModel)
@@ -57,6 +61,7 @@ class Completion(Generic[R]):
     requests: int  # HTTP requests sent, including retries, fallback and repair re-asks
     # The part of ``usage`` answered through the Batch API (billed at the batch price); None: no batch.
     batch_usage: TokenUsage | None = None
+    repairs: int = 0  # of the requests, the adapter's repair re-asks (invalid JSON or schema)
 
 
 class MeteredChatModel(Protocol):
@@ -97,6 +102,10 @@ class UsageRecord:
     batch: bool = False  # the call's first answer came through the Batch API
     batch_prompt_tokens: int = 0  # of prompt_tokens, those billed at the batch price
     batch_completion_tokens: int = 0
+    repairs: int = 0  # the adapter's repair re-asks within this call
+    checked_reask: bool = False  # the prompt carried a construction check's rejection (Prompt.checked_reask)
+    truncated: bool = False  # the answer was cut at the completion budget (LLMTruncatedError)
+    output_error: bool = False  # the call raised LLMOutputError (truncated, or invalid after the repairs)
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,10 @@ class OperationUsage:
     batch_calls: int = 0  # calls answered through the Batch API
     batch_prompt_tokens: int = 0  # tokens billed at the batch price (included in the totals above)
     batch_completion_tokens: int = 0
+    repairs: int = 0  # adapter repair re-asks (requests)
+    checked_reasks: int = 0  # calls that were a construction stage's checked re-ask
+    truncations: int = 0  # calls whose answer was cut at the completion budget
+    output_errors: int = 0  # calls that raised LLMOutputError (truncations included)
 
     @property
     def mean_latency_ms(self) -> float:
@@ -153,6 +166,10 @@ def summarize_usage(records: Iterable[UsageRecord], run_id: str) -> dict[str, Op
             batch_calls=cur.batch_calls + int(rec.batch),
             batch_prompt_tokens=cur.batch_prompt_tokens + rec.batch_prompt_tokens,
             batch_completion_tokens=cur.batch_completion_tokens + rec.batch_completion_tokens,
+            repairs=cur.repairs + rec.repairs,
+            checked_reasks=cur.checked_reasks + int(rec.checked_reask),
+            truncations=cur.truncations + int(rec.truncated),
+            output_errors=cur.output_errors + int(rec.output_error),
         )
     return dict(sorted(totals.items()))
 
@@ -172,6 +189,10 @@ def total_usage(summary: dict[str, OperationUsage]) -> OperationUsage:
             out.batch_calls + op.batch_calls,
             out.batch_prompt_tokens + op.batch_prompt_tokens,
             out.batch_completion_tokens + op.batch_completion_tokens,
+            out.repairs + op.repairs,
+            out.checked_reasks + op.checked_reasks,
+            out.truncations + op.truncations,
+            out.output_errors + op.output_errors,
         )
     return out
 
@@ -241,8 +262,9 @@ class CachedChatModel:
     """A :class:`~tmem.providers.base.ChatModel` that caches answers and records usage.
 
     Thread-safe: concurrent calls share the inner adapter; concurrent calls with the same
-    cache key wait for each other, so a key costs one LLM call per process. Failed calls
-    raise the adapter's typed error and write no ledger row.
+    cache key wait for each other, so a key costs one LLM call per process. A call that fails
+    with invalid output raises the adapter's typed error after writing its ledger row (what it
+    spent, flagged ``output_error``/``truncated``); transport failures and rejections write none.
     """
 
     def __init__(
@@ -272,8 +294,9 @@ class CachedChatModel:
     def complete(self, prompt: Prompt[R]) -> R:
         start = time.perf_counter()
         if self._cache is None:
-            done = self._inner.complete_metered(prompt)
-            self._record(prompt, done.usage, done.requests, start, cache_hit=False, batch=done.batch_usage)
+            done = self._metered(prompt, start)
+            self._record(prompt, done.usage, done.requests, start, cache_hit=False, batch=done.batch_usage,
+                         repairs=done.repairs)
             return done.value
         key = prompt.cache_key(self.model_name)
         with self._key_locks.hold(key):
@@ -281,7 +304,7 @@ class CachedChatModel:
             if hit is not None:
                 self._record(prompt, TokenUsage(), 0, start, cache_hit=True)
                 return hit
-            done = self._inner.complete_metered(prompt)
+            done = self._metered(prompt, start)
             self._cache.put(
                 CacheEntry(
                     cache_key=key,
@@ -294,8 +317,21 @@ class CachedChatModel:
                     created_at=self._clock(),
                 )
             )
-        self._record(prompt, done.usage, done.requests, start, cache_hit=False, batch=done.batch_usage)
+        self._record(prompt, done.usage, done.requests, start, cache_hit=False, batch=done.batch_usage,
+                     repairs=done.repairs)
         return done.value
+
+    def _metered(self, prompt: Prompt[R], start: float) -> Completion[R]:
+        """The inner call; invalid output is recorded in the ledger, then raised unchanged."""
+        try:
+            return self._inner.complete_metered(prompt)
+        except LLMOutputError as exc:
+            spend = exc.spend
+            usage = TokenUsage(spend.prompt_tokens, spend.completion_tokens, spend.estimated) if spend else TokenUsage()
+            self._record(prompt, usage, spend.requests if spend else 0, start, cache_hit=False,
+                         repairs=spend.repairs if spend else 0, truncated=isinstance(exc, LLMTruncatedError),
+                         output_error=True)
+            raise
 
     def _cached(self, prompt: Prompt[R], key: str) -> R | None:
         assert self._cache is not None
@@ -311,7 +347,7 @@ class CachedChatModel:
 
     def _record(
         self, prompt: Prompt[R], usage: TokenUsage, requests: int, start: float, *, cache_hit: bool,
-        batch: TokenUsage | None = None,
+        batch: TokenUsage | None = None, repairs: int = 0, truncated: bool = False, output_error: bool = False,
     ) -> None:
         if self._ledger is None:
             return
@@ -330,5 +366,9 @@ class CachedChatModel:
                 batch=batch is not None,
                 batch_prompt_tokens=batch.prompt_tokens if batch else 0,
                 batch_completion_tokens=batch.completion_tokens if batch else 0,
+                repairs=repairs,
+                checked_reask=prompt.checked_reask,
+                truncated=truncated,
+                output_error=output_error,
             )
         )

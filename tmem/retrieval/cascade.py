@@ -204,7 +204,7 @@ def _scene_cue(c: _Query) -> tuple[I64, dict[Channel, F64]]:
     if hor_sims is not None:
         views["horizon"] = segment_max(hor_sims, idx.scenes.hor_owner, idx.n_scenes)
     ranks: dict[Channel, F64] = {ch: rank_positions(s) for ch, s in views.items()}
-    chosen, fused = select(np.vstack(list(ranks.values())), cfg.k_cue, "rrf", cfg.k0)
+    chosen, fused = select(np.vstack(list(ranks.values())), cfg.k_cue, cfg.cue_fusion, cfg.k0)
     if c.stages is not None:
         details = {i: _best_horizon(idx, hor_sims, i) for i in chosen.tolist()} if hor_sims is not None else {}
         channels = {i: _cue_channels(ranks, i, cfg.k_cue) for i in chosen.tolist()}
@@ -216,7 +216,7 @@ def _scene_cue(c: _Query) -> tuple[I64, dict[Channel, F64]]:
                 {str(ch): v for ch, v in views.items()},
                 fused,
                 chosen,
-                "rrf",
+                cfg.cue_fusion,
                 channels=channels,
                 details=details,
             )
@@ -240,6 +240,12 @@ def _select_scenes(c: _Query, prefilter: Mask, cue: I64, cue_ranks: dict[Channel
         ("dense", rank_positions(dense, pool) if dense is not None else None),
         ("scene_cue", ranks_from_order(cue, n) if cue.size else None),
     )
+    if cfg.cue_lists == "views" and cue.size:  # each SceneCue view a list of its own, over A_S
+        in_cue_mask = np.zeros(n, dtype=bool)
+        in_cue_mask[cue] = True
+        del lists["scene_cue"]
+        for ch, r in cue_ranks.items():
+            lists[f"cue_{ch}"] = rank_positions(-r, in_cue_mask)
     assoc_row = list(lists).index("scene_cue") if "scene_cue" in lists else None
     chosen, fused = select(
         np.vstack(list(lists.values())),

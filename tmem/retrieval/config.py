@@ -71,6 +71,10 @@ class RetrievalConfig(BaseModel):
     item_fusion: FusionRule = Field(default=DEFAULT_FUSION, description="How item selection combines its lists.")
     reserved_scene_slots: int = Field(default=2, ge=0, description="Slots kept for SceneCue hits under 'reserved'.")
     reserved_item_slots: int = Field(default=5, ge=0, description="Slots kept for TrigRecall hits under 'reserved'.")
+    cue_fusion: FusionRule = Field(default="rrf", description="How SceneCue fuses its dlg, scn and hor rankings.")
+    cue_lists: Literal["fused", "views"] = Field(
+        default="fused", description="Scene selection reads SceneCue as its fused list or as one list per view."
+    )
     dialogue_pool: Literal["max", "mean", "max_mean"] = Field(
         default="max", description="How SceneCue scores a scene's dialogue from its windows' cosines."
     )

@@ -23,6 +23,7 @@ from tmem.errors import ConfigError, StoreError
 from tmem.providers.journal import JournalBatch
 from tmem.settings import Settings
 from tmem.store.duck import open_read_only
+from tmem.store.llm_cache import INSERT_USAGE_FULL, usage_values
 
 EXCHANGE_DIR = "exchange"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -50,6 +51,9 @@ def build_settings_view(settings: Settings) -> dict[str, str]:
         "TMEM_TOPIC_BATCH": str(settings.topic_batch),
         "TMEM_TRIGGER_BATCH": str(settings.trigger_batch),
         "TMEM_SCENE_TRIGGER_BATCH": str(settings.scene_trigger_batch),
+        # Completion budgets decide where a stage splits an input whose answer does not fit.
+        "TMEM_LLM_MAX_TOKENS": str(settings.llm_max_tokens or ""),
+        "TMEM_LLM_OUTPUT_BUDGETS": ",".join(f"{k}={v}" for k, v in sorted(settings.output_budgets.items())),
     }
 
 
@@ -127,12 +131,7 @@ def write_journal(con: duckdb.DuckDBPyConnection, batch: JournalBatch) -> None:
                       e.completion_tokens, e.created_at] for e in entries],
                 )
             if batch.usage:
-                cur.executemany(
-                    "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms,"
-                    " cache_hit, attempts, recorded_at, usage_estimated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [[u.run_id, u.operation, u.model, u.prompt_tokens, u.completion_tokens, u.latency_ms, u.cache_hit,
-                      u.attempts, u.recorded_at, u.usage_estimated] for u in batch.usage],
-                )
+                cur.executemany(INSERT_USAGE_FULL, [usage_values(u) for u in batch.usage])
             if batch.embeddings:
                 staged = pa.table({
                     "model": pa.array([e.model for e in batch.embeddings], type=pa.string()),

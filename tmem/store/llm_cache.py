@@ -31,17 +31,41 @@ _INSERT_USAGE_BATCH = (
     " attempts, recorded_at, usage_estimated, batch, batch_prompt_tokens, batch_completion_tokens)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+# Every column (m008_construction_health); also what the publisher writes for a Dask worker's rows.
+INSERT_USAGE_FULL = (
+    "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
+    " attempts, recorded_at, usage_estimated, batch, batch_prompt_tokens, batch_completion_tokens, repairs,"
+    " checked_reask, truncated, output_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def usage_values(record: UsageRecord) -> list[object]:
+    """The values of :data:`INSERT_USAGE_FULL` for ``record``."""
+    return [
+        record.run_id, record.operation, record.model, record.prompt_tokens, record.completion_tokens,
+        record.latency_ms, record.cache_hit, record.attempts, record.recorded_at, record.usage_estimated,
+        record.batch, record.batch_prompt_tokens, record.batch_completion_tokens, record.repairs,
+        record.checked_reask, record.truncated, record.output_error,
+    ]
 
 
 _SUMMARY = """
     SELECT operation, count(*), count(*) FILTER (WHERE cache_hit), sum(attempts),
-           sum(prompt_tokens), sum(completion_tokens), sum(latency_ms), 0, 0, 0
+           sum(prompt_tokens), sum(completion_tokens), sum(latency_ms), 0, 0, 0, 0, 0, 0, 0
     FROM llm_usage WHERE run_id = ? GROUP BY operation ORDER BY operation
 """
 _SUMMARY_BATCH = """
     SELECT operation, count(*), count(*) FILTER (WHERE cache_hit), sum(attempts),
            sum(prompt_tokens), sum(completion_tokens), sum(latency_ms),
-           count(*) FILTER (WHERE batch), sum(batch_prompt_tokens), sum(batch_completion_tokens)
+           count(*) FILTER (WHERE batch), sum(batch_prompt_tokens), sum(batch_completion_tokens), 0, 0, 0, 0
+    FROM llm_usage WHERE run_id = ? GROUP BY operation ORDER BY operation
+"""
+_SUMMARY_FULL = """
+    SELECT operation, count(*), count(*) FILTER (WHERE cache_hit), sum(attempts),
+           sum(prompt_tokens), sum(completion_tokens), sum(latency_ms),
+           count(*) FILTER (WHERE batch), sum(batch_prompt_tokens), sum(batch_completion_tokens),
+           sum(repairs), count(*) FILTER (WHERE checked_reask), count(*) FILTER (WHERE truncated),
+           count(*) FILTER (WHERE output_error)
     FROM llm_usage WHERE run_id = ? GROUP BY operation ORDER BY operation
 """
 
@@ -111,6 +135,7 @@ class DuckUsageLedger(_Serialised):
             }
         self._has_estimated = "usage_estimated" in columns
         self._has_batch = "batch" in columns  # m005_llm_batches
+        self._has_health = "truncated" in columns  # m008_construction_health
 
     def record(self, record: UsageRecord) -> None:
         values: list[object] = [
@@ -125,7 +150,9 @@ class DuckUsageLedger(_Serialised):
             record.recorded_at,
         ]
         statement = _INSERT_USAGE
-        if self._has_batch:
+        if self._has_health:
+            statement, values = INSERT_USAGE_FULL, usage_values(record)
+        elif self._has_batch:
             statement = _INSERT_USAGE_BATCH
             values += [record.usage_estimated, record.batch, record.batch_prompt_tokens, record.batch_completion_tokens]
         elif self._has_estimated:
@@ -135,13 +162,14 @@ class DuckUsageLedger(_Serialised):
 
     def summary(self, run_id: str) -> dict[str, OperationUsage]:
         with self._cursor() as cur:
-            rows = cur.execute(
-                _SUMMARY_BATCH if self._has_batch else _SUMMARY,
-                [run_id],
-            ).fetchall()
-        return {
-            str(op): OperationUsage(
-                str(op), int(calls), int(hits), int(reqs), int(pt), int(ct), float(lat), int(bc), int(bpt), int(bct)
+            query = _SUMMARY_FULL if self._has_health else (_SUMMARY_BATCH if self._has_batch else _SUMMARY)
+            rows = cur.execute(query, [run_id]).fetchall()
+        out: dict[str, OperationUsage] = {}
+        for op, calls, hits, reqs, pt, ct, lat, bc, bpt, bct, rep, reask, trunc, err in rows:
+            n = [int(v or 0) for v in (calls, hits, reqs, pt, ct, bc, bpt, bct, rep, reask, trunc, err)]
+            out[str(op)] = OperationUsage(
+                str(op), calls=n[0], cache_hits=n[1], requests=n[2], prompt_tokens=n[3], completion_tokens=n[4],
+                latency_ms=float(lat or 0.0), batch_calls=n[5], batch_prompt_tokens=n[6], batch_completion_tokens=n[7],
+                repairs=n[8], checked_reasks=n[9], truncations=n[10], output_errors=n[11],
             )
-            for op, calls, hits, reqs, pt, ct, lat, bc, bpt, bct in rows
-        }
+        return out

@@ -257,8 +257,69 @@ M007_ITEM_TIME = Migration(
     """,
 )
 
+# Construction health per call (tmem.providers.llm_ledger.UsageRecord): the adapter's repair re-asks,
+# whether the call was a construction check's re-ask, whether its answer was cut at the completion
+# budget, whether it ended in invalid output; and the stages' notes per run (tmem.construct.outcome):
+# clipped lists, reclassified items, dropped refs, splits, quarantined units.
+M008_CONSTRUCTION_HEALTH = Migration(
+    "m008_construction_health",
+    """
+    ALTER TABLE llm_usage ADD COLUMN repairs INTEGER DEFAULT 0;
+    ALTER TABLE llm_usage ADD COLUMN checked_reask BOOLEAN DEFAULT FALSE;
+    ALTER TABLE llm_usage ADD COLUMN truncated BOOLEAN DEFAULT FALSE;
+    ALTER TABLE llm_usage ADD COLUMN output_error BOOLEAN DEFAULT FALSE;
+    CREATE TABLE build_notes (
+        run_id          VARCHAR NOT NULL,
+        conversation_id VARCHAR NOT NULL,
+        operation       VARCHAR NOT NULL,
+        kind            VARCHAR NOT NULL CHECK (kind IN ('clipped', 'reclassified', 'dropped_ref', 'split',
+                                                         'quarantined')),
+        input_ref       VARCHAR NOT NULL,
+        detail          VARCHAR NOT NULL,
+        recorded_at     TIMESTAMPTZ NOT NULL
+    );
+    """,
+)
+
+# Quarantine of a unit smaller than a conversation (one topic chunk's items, one item's or scene's
+# triggers, one speaker's persona): the conversation publishes without it. A conversation-level
+# record is unit_kind 'conversation', unit_id = its conversation id, ordinal 0. DuckDB cannot change
+# a primary key in place, so the table is rebuilt with its rows.
+M009_QUARANTINE_UNITS = Migration(
+    "m009_quarantine_units",
+    """
+    CREATE TABLE quarantine_units (
+        conversation_id VARCHAR NOT NULL,
+        run_id          VARCHAR NOT NULL,
+        unit_kind       VARCHAR NOT NULL DEFAULT 'conversation',
+        unit_id         VARCHAR NOT NULL,
+        ordinal         INTEGER NOT NULL DEFAULT 0,
+        error_type      VARCHAR NOT NULL,
+        operation       VARCHAR NOT NULL,
+        input_ref       VARCHAR NOT NULL,
+        input_digest    VARCHAR,
+        input_excerpt   VARCHAR,
+        raw_output      VARCHAR,
+        reason          VARCHAR NOT NULL,
+        quarantined_at  TIMESTAMPTZ NOT NULL,
+        state           VARCHAR NOT NULL CHECK (state IN ('active', 'superseded', 'cleared')),
+        cleared_at      TIMESTAMPTZ,
+        cleared_by_run  VARCHAR,
+        PRIMARY KEY (conversation_id, run_id, unit_kind, unit_id, ordinal)
+    );
+    INSERT INTO quarantine_units (conversation_id, run_id, unit_kind, unit_id, ordinal, error_type, operation,
+        input_ref, input_digest, input_excerpt, raw_output, reason, quarantined_at, state, cleared_at, cleared_by_run)
+    SELECT conversation_id, run_id, 'conversation', conversation_id, 0, error_type, operation, input_ref,
+        input_digest, input_excerpt, raw_output, reason, quarantined_at, state, cleared_at, cleared_by_run
+    FROM quarantine;
+    DROP TABLE quarantine;
+    ALTER TABLE quarantine_units RENAME TO quarantine;
+    """,
+)
+
 MIGRATIONS: Sequence[Migration] = (
     M001_INGEST, M002_MEMORY, M003_LLM, M004_USAGE_ESTIMATED, M005_LLM_BATCHES, M006_QUARANTINE, M007_ITEM_TIME,
+    M008_CONSTRUCTION_HEALTH, M009_QUARANTINE_UNITS,
 )
 
 # Tables that make up a conversation's built memory (copied whole into a snapshot).
