@@ -1,7 +1,7 @@
 """``tmem eval locomo|locomo-plus|ablate|sweep|report|retrieval ...``: the evaluation harness.
 
     tmem eval locomo --data locomo10.json --out DIR [--build] [--judge-runs 3] [--preset NAME]
-    tmem eval locomo-plus --data locomo10.json --plus locomo_plus.json --out DIR [--build]
+    tmem eval locomo-plus --data locomo10.json --plus locomo_plus.json --out DIR [--build] [--one-build conv-30 --cues 16]
     tmem eval ablate --dataset locomo|locomo-plus --data ... --out DIR [--only no-horizon,...]
     tmem eval sweep --param kS --values 1,3,5,10 --dataset locomo --data ... --out DIR
     tmem eval report DIR
@@ -78,6 +78,10 @@ def _run_options(parser: argparse.ArgumentParser, *, dataset: bool) -> None:
     parser.add_argument("--no-embed", action="store_true", help="lexical recall only (no query embedder)")
     parser.add_argument("--llm-cache", type=Path, default=None, metavar="DIR",
                         help="answer/judge response cache (default: <out>/llm-cache)")
+    parser.add_argument("--one-build", default=None, metavar="HOST",
+                        help="locomo-plus: stitch the cues hosted by this LoCoMo conversation into it as short "
+                             "sessions of their own, one memory for all (cue recall and the judge in one build)")
+    parser.add_argument("--cues", type=int, default=16, metavar="N", help="with --one-build: how many cues (default 16)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -175,6 +179,7 @@ def _execute(args: argparse.Namespace, ctx: CliContext, configs: list[Any], kind
         dataset=args.dataset, locomo=args.data, plus=args.plus, out=out, configs=configs,
         categories=tuple(args.categories), conversations=tuple(args.conversations), limit=args.limit,
         build=args.build, options=_options(args), llm_cache=args.llm_cache,
+        one_build_host=args.one_build, one_build_cues=args.cues,
     )
     outcome = run_plan(plan, settings, now=ctx.clock(), builder=build_with_flow if args.build else None,
                        progress=None if args.json else ctx.print)

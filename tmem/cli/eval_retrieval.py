@@ -2,6 +2,7 @@
 
     tmem eval retrieval --dataset locomo --data locomo10.json --store S
         [--systems tmem,tmem-scenes,flat,session] [--preset default,paper] [--k 5,10,20]
+        [--dataset locomo-plus --plus locomo_plus.json --one-build conv-30 --cues 16]
         [--budgets 500,1000,2000,4000] [--categories 1,2,3,4] [--conversations ID,..] [--limit N]
         [--out DIR] [--json]
 
@@ -74,6 +75,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="only questions about these conversations")
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N questions")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="write rows.csv, summary.csv, summary.json here")
+    parser.add_argument("--one-build", default=None, metavar="HOST",
+                        help="locomo-plus: the cues stitched into this LoCoMo conversation (tmem eval stitch-cues / "
+                             "tmem eval locomo-plus --one-build): cue recall of that one memory")
+    parser.add_argument("--cues", type=int, default=16, metavar="N", help="with --one-build: how many cues (default 16)")
 
 
 def load_examples(args: argparse.Namespace) -> tuple[list[QAExample], DefectReport]:
@@ -84,7 +89,13 @@ def load_examples(args: argparse.Namespace) -> tuple[list[QAExample], DefectRepo
     else:
         if args.plus is None:
             raise ScopeError("--dataset locomo-plus needs --plus PATH (locomo_plus.json)")
-        examples, defects = load_locomo_plus_qa(args.data, args.plus)
+        if args.one_build is not None:
+            from tmem.eval.cue_stitch import stitch_cues
+
+            stitch = stitch_cues(args.data, args.plus, args.one_build, cues=args.cues)
+            examples, defects = list(stitch.cue_examples), stitch.defects
+        else:
+            examples, defects = load_locomo_plus_qa(args.data, args.plus)
     if args.conversations is not None:
         wanted = set(args.conversations)
         examples = [e for e in examples if e.conversation_id in wanted]

@@ -10,7 +10,8 @@ Results root layout::
 
     plan.json  defects.json  report.md  results.csv  results.json  questions.csv  charts/*.png
     llm-cache/work.duckdb      answer/judge response cache and usage ledger (shared by configs)
-    stitched/plus-0007.jsonl   LoCoMo-Plus conversations (locomo-plus only)
+    stitched/plus-0007.jsonl   LoCoMo-Plus conversations (locomo-plus only; with --one-build HOST,
+                               stitched/archive.json: every cue in one host, see tmem.eval.cue_stitch)
     <config>/                  one run folder per configuration (see tmem.eval.run_folder)
 """
 
@@ -55,6 +56,8 @@ class EvalPlan:
     build: bool = False
     options: RunOptions = field(default_factory=RunOptions)
     llm_cache: Path | None = None  # default: <out>/llm-cache
+    one_build_host: str | None = None  # locomo-plus: stitch the cues into this LoCoMo conversation, one build
+    one_build_cues: int = 16
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,15 @@ class EvalOutcome:
 
 def load_examples(plan: EvalPlan) -> tuple[list[QAExample], DefectReport, list[Path]]:
     """The plan's questions, its data-defect report and the archives holding their conversations."""
+    if plan.dataset == "locomo-plus" and plan.one_build_host is not None:
+        from tmem.eval.cue_stitch import stitch_cues, write_cue_stitch
+
+        if plan.plus is None:
+            raise ValueError("a locomo-plus evaluation needs the LoCoMo-Plus file (--plus)")
+        stitch = stitch_cues(plan.locomo, plan.plus, plan.one_build_host, cues=plan.one_build_cues)
+        archive, _ = write_cue_stitch(stitch, plan.out / STITCHED)
+        examples = list(stitch.cue_examples)[: plan.limit] if plan.limit is not None else list(stitch.cue_examples)
+        return examples, stitch.defects, [archive]
     if plan.dataset == "locomo-plus":
         from tmem.eval.datasets import stitch_locomo_plus
 

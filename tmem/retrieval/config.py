@@ -2,9 +2,13 @@
 
 Presets:
 
-* ``paper`` — the paper's cascade: summed RRF (Eq. 2) at every stage, every component on.
-* ``default`` — the product's choice; its fusion rule is :data:`DEFAULT_FUSION` (one line to
-  change once LoCoMo + LoCoMo-Plus are measured, DESIGN §4 step 3).
+* ``paper`` — the paper's cascade, literally: summed RRF (Eq. 2) at every stage (SceneCue too),
+  TrigRecall gated at raw cosine τ = 0.85, no near-duplicate suppression, every component on.
+* ``default`` — the product's choice, measured on memory built by a capable model (LoCoMo evidence
+  recall and LoCoMo-Plus cue recall together, ``bench/real_model.py``): best-rank fusion
+  (:data:`DEFAULT_FUSION`) at scene selection, item selection and inside SceneCue; the standardised
+  TrigRecall gate (:data:`DEFAULT_GATE`, the same on any encoder); near-duplicate items kept apart
+  (:data:`DEFAULT_DEDUPE`).
 * ``best-rank`` / ``reserved`` / ``rrf`` — ``default`` with that fusion rule, for comparisons.
 * one preset per ablation of the paper's Table 4, on top of ``default``: ``no-scene-layer``,
   ``no-item-channel``, ``no-item-triggers`` (w/o ET+BT), ``no-persona``, ``no-topic-filter``,
@@ -71,7 +75,11 @@ class RetrievalConfig(BaseModel):
     item_fusion: FusionRule = Field(default=DEFAULT_FUSION, description="How item selection combines its lists.")
     reserved_scene_slots: int = Field(default=2, ge=0, description="Slots kept for SceneCue hits under 'reserved'.")
     reserved_item_slots: int = Field(default=5, ge=0, description="Slots kept for TrigRecall hits under 'reserved'.")
-    cue_fusion: FusionRule = Field(default="rrf", description="How SceneCue fuses its dlg, scn and hor rankings.")
+    cue_fusion: FusionRule = Field(
+        default="best_rank",
+        description="How SceneCue fuses its dlg, scn and hor rankings (the paper: RRF, which buries a scene "
+        "that one view ranks first and the others do not).",
+    )
     cue_lists: Literal["fused", "views"] = Field(
         default="fused", description="Scene selection reads SceneCue as its fused list or as one list per view."
     )
@@ -114,7 +122,8 @@ ABLATIONS: Mapping[str, Mapping[str, bool]] = MappingProxyType(
 
 _BASES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
-        "paper": {"scene_fusion": "rrf", "item_fusion": "rrf", "trigger_gate_rule": "cosine", "item_dedupe_cosine": None},
+        "paper": {"scene_fusion": "rrf", "item_fusion": "rrf", "cue_fusion": "rrf", "trigger_gate_rule": "cosine",
+                  "item_dedupe_cosine": None},
         "default": {},
         "rrf": {"scene_fusion": "rrf", "item_fusion": "rrf"},
         "best-rank": {"scene_fusion": "best_rank", "item_fusion": "best_rank"},
@@ -145,8 +154,8 @@ def preset(name: str, base: RetrievalConfig | None = None) -> RetrievalConfig:
             f"ablations (add with '+'): {', '.join(ABLATIONS)}"
         )
     changes: dict[str, Any] = {
-        "scene_fusion": DEFAULT_FUSION, "item_fusion": DEFAULT_FUSION, "trigger_gate_rule": DEFAULT_GATE,
-        "item_dedupe_cosine": DEFAULT_DEDUPE, **_BASES[head],
+        "scene_fusion": DEFAULT_FUSION, "item_fusion": DEFAULT_FUSION, "cue_fusion": DEFAULT_FUSION,
+        "trigger_gate_rule": DEFAULT_GATE, "item_dedupe_cosine": DEFAULT_DEDUPE, **_BASES[head],
     }
     for ablation in ablations:
         changes.update(ABLATIONS[ablation])
