@@ -17,11 +17,13 @@ from tmem.domain import Persona, PersonaFact, Turn
 from tmem.prompts import persona as persona_prompt
 from tmem.prompts.common import dialogue_blocks
 from tmem.providers.base import ChatModel
+from tmem.providers.scope import scoped
 
 CHUNK_TURNS = 250
 CHUNK_CHARS = 24_000
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def persona(
     conversation_id: str,
     speaker: str,

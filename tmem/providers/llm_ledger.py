@@ -21,6 +21,7 @@ from typing import Generic, Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from tmem.prompts.base import Prompt
+from tmem.providers.scope import current_conversation
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -97,6 +98,10 @@ class UsageRecord:
     batch: bool = False  # the call's first answer came through the Batch API
     batch_prompt_tokens: int = 0  # of prompt_tokens, those billed at the batch price
     batch_completion_tokens: int = 0
+    # Whose call it was (tmem.providers.scope) and the cache key it read or wrote: what `tmem forget`
+    # finds a conversation's cached answers by. None: made outside a conversation's scope / uncached.
+    conversation_id: str | None = None
+    cache_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -279,7 +284,7 @@ class CachedChatModel:
         with self._key_locks.hold(key):
             hit = self._cached(prompt, key)
             if hit is not None:
-                self._record(prompt, TokenUsage(), 0, start, cache_hit=True)
+                self._record(prompt, TokenUsage(), 0, start, cache_hit=True, key=key)
                 return hit
             done = self._inner.complete_metered(prompt)
             self._cache.put(
@@ -294,7 +299,7 @@ class CachedChatModel:
                     created_at=self._clock(),
                 )
             )
-        self._record(prompt, done.usage, done.requests, start, cache_hit=False, batch=done.batch_usage)
+        self._record(prompt, done.usage, done.requests, start, cache_hit=False, batch=done.batch_usage, key=key)
         return done.value
 
     def _cached(self, prompt: Prompt[R], key: str) -> R | None:
@@ -311,7 +316,7 @@ class CachedChatModel:
 
     def _record(
         self, prompt: Prompt[R], usage: TokenUsage, requests: int, start: float, *, cache_hit: bool,
-        batch: TokenUsage | None = None,
+        batch: TokenUsage | None = None, key: str | None = None,
     ) -> None:
         if self._ledger is None:
             return
@@ -330,5 +335,7 @@ class CachedChatModel:
                 batch=batch is not None,
                 batch_prompt_tokens=batch.prompt_tokens if batch else 0,
                 batch_completion_tokens=batch.completion_tokens if batch else 0,
+                conversation_id=current_conversation(),
+                cache_key=key,
             )
         )

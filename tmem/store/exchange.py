@@ -129,9 +129,11 @@ def write_journal(con: duckdb.DuckDBPyConnection, batch: JournalBatch) -> None:
             if batch.usage:
                 cur.executemany(
                     "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms,"
-                    " cache_hit, attempts, recorded_at, usage_estimated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " cache_hit, attempts, recorded_at, usage_estimated, conversation_id, cache_key)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [[u.run_id, u.operation, u.model, u.prompt_tokens, u.completion_tokens, u.latency_ms, u.cache_hit,
-                      u.attempts, u.recorded_at, u.usage_estimated] for u in batch.usage],
+                      u.attempts, u.recorded_at, u.usage_estimated, u.conversation_id, u.cache_key]
+                     for u in batch.usage],
                 )
             if batch.embeddings:
                 staged = pa.table({

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
@@ -24,6 +25,7 @@ import polars as pl
 
 from tmem.errors import StoreError
 from tmem.store.duck import connect
+from tmem.store.tombstones import Tombstone, readmit, refused_ingests
 
 UTC_TIME = pl.Datetime("us", "UTC")
 
@@ -110,6 +112,13 @@ class IngestTransaction:
     def _frame(self, query: str, ids: list[str], schema: dict[str, pl.DataType]) -> pl.DataFrame:
         frame = self._con.sql(query, params=[ids]).pl()
         return frame.cast(schema)  # type: ignore[arg-type]
+
+    def refused(self, conversation_ids: Sequence[str]) -> list[Tombstone]:
+        """The conversations a forget tombstoned and no ingest readmitted (tmem.store.tombstones)."""
+        return refused_ingests(self._con, conversation_ids)
+
+    def readmit(self, conversation_ids: Sequence[str], at: datetime) -> int:
+        return readmit(self._con, conversation_ids, at)
 
     def write(self, plan: IngestPlan) -> None:
         """Insert the plan's rows; conversations already stored are updated in place."""

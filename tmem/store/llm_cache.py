@@ -31,6 +31,11 @@ _INSERT_USAGE_BATCH = (
     " attempts, recorded_at, usage_estimated, batch, batch_prompt_tokens, batch_completion_tokens)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+_INSERT_USAGE_OWNED = (
+    "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
+    " attempts, recorded_at, usage_estimated, batch, batch_prompt_tokens, batch_completion_tokens, conversation_id,"
+    " cache_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 _SUMMARY = """
@@ -111,6 +116,7 @@ class DuckUsageLedger(_Serialised):
             }
         self._has_estimated = "usage_estimated" in columns
         self._has_batch = "batch" in columns  # m005_llm_batches
+        self._has_owner = "cache_key" in columns  # m007_forget
 
     def record(self, record: UsageRecord) -> None:
         values: list[object] = [
@@ -128,6 +134,9 @@ class DuckUsageLedger(_Serialised):
         if self._has_batch:
             statement = _INSERT_USAGE_BATCH
             values += [record.usage_estimated, record.batch, record.batch_prompt_tokens, record.batch_completion_tokens]
+            if self._has_owner:
+                statement = _INSERT_USAGE_OWNED
+                values += [record.conversation_id, record.cache_key]
         elif self._has_estimated:
             statement, values = _INSERT_USAGE_ESTIMATED, [*values, record.usage_estimated]
         with self._cursor() as cur:
