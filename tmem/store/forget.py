@@ -92,7 +92,9 @@ def _begin(con: duckdb.DuckDBPyConnection, conversation_id: str, options: dict[s
     try:
         con.execute("INSERT INTO forget_jobs (id_digest, subject, step, started_at, options) VALUES (?, ?, 'work', ?, ?)",
                     [digest, conversation_id, now, json.dumps(options, sort_keys=True)])
-        con.execute("INSERT OR REPLACE INTO forget_tombstones (id_digest, forgotten_at) VALUES (?, ?)", [digest, now])
+        # every column named: DuckDB's INSERT OR REPLACE keeps the columns a statement leaves out
+        con.execute("INSERT OR REPLACE INTO forget_tombstones (id_digest, forgotten_at, finished_at, readmitted_at) "
+                    "VALUES (?, ?, NULL, NULL)", [digest, now])
     except BaseException:
         con.execute("ROLLBACK")
         raise
