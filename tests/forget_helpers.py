@@ -49,7 +49,7 @@ def _base64(data: bytes) -> Iterable[bytes]:
             candidates.append(record["result"].encode("ascii", "ignore"))
     for candidate in candidates:
         try:
-            yield base64.b64decode(candidate, validate=True)
+            yield base64.b64decode(b"".join(candidate.split()), validate=True)
         except (binascii.Error, ValueError):
             continue
 

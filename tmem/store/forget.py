@@ -265,8 +265,8 @@ def _step_snapshot(job: _Job, cid: str, store: Path, uri: str, now: datetime, di
     source = lance_source(uri, versions)
     keys = source.keys() if source is not None else None
     absent = f"{source.table}|{source.dim}|none" if source is not None else ""
-    info, images, image_bytes = republish_without(store, current, cid, lance_versions=versions, now=now,
-                                                  vector_keys=keys, vector_key_absent=absent)
+    info, images, image_bytes = republish_without(store, current, cid, lance_uri=uri, lance_versions=versions,
+                                                  now=now, vector_keys=keys, vector_key_absent=absent)
     return {"republished": info.snapshot_id, "from": current.snapshot_id, "images_copied": images,
             "image_bytes_copied": image_bytes}
 

@@ -104,12 +104,13 @@ def _copy_images(con: duckdb.DuckDBPyConnection, source: Path, target: Path, con
 
 
 def republish_without(
-    store: Path, info: SnapshotInfo, conversation_id: str, *, lance_versions: dict[str, int], now: datetime,
-    vector_keys: Mapping[str, str] | None = None, vector_key_absent: str = "",
+    store: Path, info: SnapshotInfo, conversation_id: str, *, lance_uri: str, lance_versions: dict[str, int],
+    now: datetime, vector_keys: Mapping[str, str] | None = None, vector_key_absent: str = "",
 ) -> tuple[SnapshotInfo, int, int]:
     """Publish ``info`` without the conversation as a new current snapshot pinning ``lance_versions``
-    (see the module doc); ``vector_keys`` are the images' vector source keys at those versions.
-    Returns (the new snapshot, images copied, image bytes copied)."""
+    of the tables at ``lance_uri`` (the ones the forget rewrote; see the module doc); ``vector_keys``
+    are the images' vector source keys at those versions. Returns (the new snapshot, images copied,
+    image bytes copied)."""
     builds = {c: b for c, b in info.conversations.items() if c != conversation_id}
     snapshot_id = snapshot_id_for(now, builds, lance_versions)
     tmp = start_snapshot_dir(store, snapshot_id)
@@ -132,8 +133,9 @@ def republish_without(
     finally:
         con.close()
     manifest: dict[str, Any] = json.loads((info.path / MANIFEST).read_text())
+    pinned_uri = lance_uri if "://" in lance_uri else str(Path(lance_uri).resolve())
     manifest.update({"snapshot_id": snapshot_id, "created_at": now.isoformat(), "conversations": builds,
-                     "lance_versions": lance_versions, "derived_from": info.snapshot_id,
+                     "lance_uri": pinned_uri, "lance_versions": lance_versions, "derived_from": info.snapshot_id,
                      "derived_by": "tmem forget"})
     return commit_snapshot_dir(store, tmp, manifest), copied[0], copied[1]
 
