@@ -277,14 +277,19 @@ def _step_prune(job: _Job, cid: str, store: Path, uri: str, now: datetime, dirs:
 
 
 def _step_versions(job: _Job, cid: str, store: Path, uri: str, now: datetime, dirs: Sequence[Path]) -> Any:
-    dropped = drop_old_versions(uri)
-    current = current_snapshot(store)
-    if current is not None:
+    """Drop old Lance versions. When LanceDB's cleanup compacted and so moved the latest version, the
+    current snapshot (which holds no row of the conversation any more) is republished pinning it."""
+    out: dict[str, Any] = {}
+    for _ in range(3):
+        for table, (before, after, _, _) in drop_old_versions(uri).items():
+            out[table] = {"versions_before": out.get(table, {}).get("versions_before", before), "versions_after": after}
+        current = current_snapshot(store)
         latest = latest_versions(uri)
-        stale = {t: v for t, v in current.lance_versions.items() if t in latest and latest[t] != v}
-        if stale:
-            raise StoreError(f"{store}: the current snapshot pins {stale}, Lance has {latest} after the cleanup")
-    return {t: {"versions_before": b, "versions_after": a} for t, (b, a) in dropped.items()}
+        if current is None or all(latest.get(t, v) == v for t, v in current.lance_versions.items()):
+            return out
+        out["republished_after_cleanup"] = _step_snapshot(job, cid, store, uri, now, dirs)
+        _step_prune(job, cid, store, uri, now, dirs)
+    raise StoreError(f"{store}: the latest Lance versions keep moving during cleanup; run `tmem forget --resume` again")
 
 
 _STEP_RUNNERS: dict[str, Callable[[_Job, str, Path, str, datetime, Sequence[Path]], Any]] = {

@@ -34,7 +34,7 @@ from lancedb.expr import Expr, col, lit
 from tmem.errors import StoreError
 from tmem.store.lance import scope_filter
 
-REWRITE_CHUNK_ROWS = 65_536  # rows of other conversations re-written per merge-insert (~100 MB at 384-d)
+REWRITE_CHUNK_ROWS = 262_144  # rows of other conversations re-written per merge-insert (~420 MB at 384-d)
 NO_CLEANUP = timedelta(days=3650)  # optimize() without deleting versions
 _FRAGMENT_BITS = 32  # a Lance row address is fragment id << 32 | row offset
 
@@ -138,6 +138,8 @@ def _forget_in_table(handle: lancedb.table.Table, table: str, conversation_id: s
     for index in handle.list_indices():
         if index.columns == ["conversation_id"]:  # its pages hold the ids: rebuilt from the live rows
             handle.create_scalar_index("conversation_id", replace=True, index_type="BTREE", name=index.name)
+    # Compaction now (it is part of LanceDB's cleanup too): the version the snapshot will pin is then
+    # the one the cleanup keeps. Nightly maintenance compacts as well, so this is mostly a no-op.
     handle.optimize(cleanup_older_than=NO_CLEANUP)
     return TableForget(table, len(mine), len(fragments), rewritten, restored, int(handle.version))
 
@@ -152,14 +154,15 @@ def forget_vectors(uri: str, conversation_id: str, pinned: Mapping[str, int]) ->
     return [_forget_in_table(db.open_table(t), t, conversation_id, pinned.get(t)) for t in _tables(db)]
 
 
-def drop_old_versions(uri: str) -> dict[str, tuple[int, int]]:
+def drop_old_versions(uri: str) -> dict[str, tuple[int, int, int, int]]:
     """Delete every version of every table but the latest, and the files only they use; returns
-    table -> (versions before, after). Raises StoreError if the latest version changed (a version
-    a snapshot was just pinned to must stay)."""
+    table -> (versions before, versions after, latest before, latest after). LanceDB's cleanup also
+    compacts first: on a table with small fragments that makes a new latest version (same rows), and
+    the caller must then pin that one (the one it pinned is gone)."""
     db = _connect(uri)
     if db is None:
         return {}
-    out: dict[str, tuple[int, int]] = {}
+    out: dict[str, tuple[int, int, int, int]] = {}
     for table in _tables(db):
         handle = db.open_table(table)
         latest, before = int(handle.version), len(handle.list_versions())
@@ -169,7 +172,5 @@ def drop_old_versions(uri: str) -> dict[str, tuple[int, int]]:
                 handle.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
         except (OSError, ValueError, RuntimeError) as exc:
             raise StoreError(f"{uri}/{table}: deleting old versions failed ({exc})") from exc
-        if int(handle.version) != latest:
-            raise StoreError(f"{uri}/{table}: cleanup moved the latest version from {latest} to {handle.version}")
-        out[table] = (before, len(handle.list_versions()))
+        out[table] = (before, len(handle.list_versions()), latest, int(handle.version))
     return out
