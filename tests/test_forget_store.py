@@ -27,6 +27,7 @@ from tmem.ids import conversation_partition
 from tmem.ingest.load import ingest_archives
 from tmem.prompts.base import Message, Prompt
 from tmem.providers.embed import embedding_key
+from tmem.providers.journal import JournalBatch
 from tmem.providers.llm_ledger import (
     CachedChatModel,
     CacheEntry,
@@ -41,6 +42,7 @@ from tmem.query.memory import Memory
 from tmem.settings import Settings
 from tmem.store.duck import connect, work_db_path
 from tmem.store.embed_cache import DuckEmbeddingCache, record_embedding_owners
+from tmem.store.exchange import write_journal
 from tmem.store.forget import forget_conversation
 from tmem.store.forget_files import pickle_names
 from tmem.store.lance import VectorStore
@@ -309,3 +311,14 @@ def test_calls_record_their_conversation_and_cache_key_in_the_ledger() -> None:
     key = prompt.cache_key("m")
     assert [(r.conversation_id, r.cache_key, r.cache_hit) for r in ledger.records] == [
         ("conv ' 1", key, False), ("conv ' 2", key, True), (None, key, True)]
+
+
+def test_ledger_rows_from_build_workers_keep_their_owner(tmp_path: Path) -> None:
+    """A Dask worker's ledger rows travel back in its journal; the publisher stores their owner too."""
+    con = connect(tmp_path / "store")
+    try:
+        record = UsageRecord("run-1", "scene_pack", "m", 10, 5, 1.0, True, 0, NOW, conversation_id="c ' 1", cache_key="k1")
+        write_journal(con, JournalBatch(usage=(record,)))
+        assert con.execute("SELECT conversation_id, cache_key FROM llm_usage").fetchall() == [("c ' 1", "k1")]
+    finally:
+        con.close()
