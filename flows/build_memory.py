@@ -50,7 +50,7 @@ from tmem.build_report import BuildSummary, Failure, MissingUnit, render_markdow
 from tmem.construct import BuildNote, QuarantinedUnit, StageOutcome, dedupe_items
 from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_batches
 from tmem.domain import Memory, Turn
-from tmem.errors import LLMError, LLMOutputError
+from tmem.errors import LLMError, LLMOutputError, StoreError
 from tmem.ids import content_hash
 from tmem.index.views import VIEWS_VERSION
 from tmem.pricing import cost_markdown, estimate_cost, price_table
@@ -59,6 +59,7 @@ from tmem.providers.journal import JournalBatch
 from tmem.settings import Settings, load_settings
 from tmem.store.build_notes import note_counts, record_build_notes
 from tmem.store.conversations import conversation_states, load_turns
+from tmem.store.forget import pending_forget
 from tmem.store.lance import VectorRow
 from tmem.store.quarantine import active_units, quarantines, record_quarantine, record_unit_quarantines
 from tmem.store.runs import close_interrupted_runs, finish_run, memory_counts, start_run
@@ -99,20 +100,21 @@ BATCHABLE_STAGES = {"items": "item_extract", "item_triggers": "item_triggers", "
                     "persona": "persona"}
 
 
-def _configured(store: str, t: Any, batched: bool = False) -> Any:
+def _configured(store: str, t: Any, conversation_id: str, batched: bool = False) -> Any:
     options: dict[str, Any] = {}
     if batched:  # a task waiting on a batch holds no `llm` slot: that limit bounds synchronous calls
         options["tags"] = (set(t.tags) - {LLM_TAG}) | {"llm-batch"}
-    return t.with_options(cache_policy=content_cache(store), result_storage=result_storage(store), persist_result=True,
-                          **options)
+    # Results and cache records per conversation: `tmem forget` deletes the conversation's directory.
+    return t.with_options(cache_policy=content_cache(store, conversation_id),
+                          result_storage=result_storage(store, conversation_id), persist_result=True, **options)
 
 
 class _Stages:
     """The stage tasks of one conversation, configured; a task whose unit is quarantined (``refresh``:
     operation -> unit ids with an active record) runs again, overwriting its cached result."""
 
-    def __init__(self, store: str, batched: frozenset[str], refresh: dict[str, list[str]]) -> None:
-        self._tasks = {name: _configured(store, t, BATCHABLE_STAGES.get(name) in batched) for name, t in {
+    def __init__(self, store: str, conversation_id: str, batched: frozenset[str], refresh: dict[str, list[str]]) -> None:
+        self._tasks = {name: _configured(store, t, conversation_id, BATCHABLE_STAGES.get(name) in batched) for name, t in {
             "segment": segment_scenes, "topics": admit_scene_topics, "items": extract_topic_items,
             "item_triggers": derive_item_triggers, "scene_triggers": derive_scene_triggers,
             "persona": summarize_persona, "embed": embed_views,
@@ -146,7 +148,7 @@ def build_conversation(
         cur.close()
     if not turns:
         raise LLMError("load-turns", conversation_id, "conversation has no turns")
-    c = _Stages(store, b.settings.batch_operations, refresh or {})
+    c = _Stages(store, conversation_id, b.settings.batch_operations, refresh or {})
     speakers = sorted({t.speaker for t in turns})
     persona_futs: list[PrefectFuture[Any]] = [
         c.units("persona", "persona", [spk]).submit(
@@ -278,6 +280,10 @@ def build_memory(
     run_id = str(flow_run.get_id() or uuid.uuid4())
     b = bundle(store, run_id)
     try:
+        forgetting = pending_forget(b.con)
+        if forgetting is not None:  # a killed forget: building now could publish what it was removing
+            raise StoreError(f"{store}: a `tmem forget` started {forgetting.isoformat()} is unfinished; "
+                             "run `tmem forget --resume` before building")
         close_interrupted_runs(b.con, current_pid=os.getpid(), at=datetime.now(UTC))
         spooled = drain_posted_turns(store, datetime.now(UTC), run_id)  # posted turns join this build
         states = conversation_states(b.con, conversation_ids)

@@ -10,6 +10,7 @@ from prefect import task
 from tasks.runtime import bundle
 from tmem.bundle import VECTOR_TABLE, lance_uri, pinned_lance_uri
 from tmem.ids import content_hash
+from tmem.store.embed_cache import record_embedding_owners
 from tmem.store.memory_rows import record_memory_build, replace_memories
 from tmem.store.quarantine import clear_quarantine
 from tmem.store.snapshot import publish_snapshot
@@ -28,6 +29,7 @@ def publish_builds(store: str, run_id: str, builds: dict[str, ConversationBuild]
     # One Lance version for the whole publish; readers only see it once the manifest pins it.
     version = vectors.replace_conversations(VECTOR_TABLE, {cid: builds[cid].vectors for cid in sorted(builds)})
     replace_memories(b.con, [builds[cid].memory for cid in sorted(builds)])
+    record_embedding_owners(b.con, b.embedder.model_name, {cid: [r.text for r in builds[cid].vectors] for cid in builds})
     now = datetime.now(UTC)
     for cid in sorted(builds):
         build = builds[cid]

@@ -16,7 +16,7 @@ from prefect.cache_policies import CachePolicy
 from pydantic import BaseModel
 
 from tmem.bundle import BuildBundle, open_build_bundle, open_worker_bundle
-from tmem.ids import content_hash
+from tmem.ids import content_hash, conversation_partition
 from tmem.providers.journal import JournalBatch
 from tmem.settings import load_settings
 from tmem.store.exchange import exchange_path
@@ -122,17 +122,32 @@ class ContentInputs(CachePolicy):
         return content_hash("prefect-task", CACHE_KEY_VERSION, task_ctx.task.name, content)
 
 
-def content_cache(store: str) -> CachePolicy:
+def content_cache(store: str, conversation_id: str | None = None) -> CachePolicy:
     """Cache keyed by the task's name and content inputs (:class:`ContentInputs`).
 
     Keys and results live under the store, so deleting a store also forgets its cache. Prefect's
     cache records name their result files by absolute path, so the keys are kept per absolute
     store location: a moved or copied store misses (and recomputes from the LLM response cache,
-    at no LLM cost) instead of failing on a result path outside its own directory.
+    at no LLM cost) instead of failing on a result path outside its own directory. A
+    conversation's tasks keep theirs in a directory of their own (:func:`tmem.ids.conversation_partition`),
+    which ``tmem forget`` deletes whole.
     """
     root = Path(store).resolve()
-    return ContentInputs().configure(key_storage=root / "prefect" / "cache-keys" / content_hash(str(root))[:16])
+    keys = root / "prefect" / "cache-keys" / content_hash(str(root))[:16]
+    return ContentInputs().configure(key_storage=keys / conversation_partition(conversation_id) if conversation_id else keys)
 
 
-def result_storage(store: str) -> Path:
-    return Path(store) / "prefect" / "results"
+def result_storage(store: str, conversation_id: str | None = None) -> Path:
+    """Where task results are written: per conversation when the task builds one (see :func:`content_cache`)."""
+    root = Path(store) / "prefect" / "results"
+    return root / conversation_partition(conversation_id) if conversation_id else root
+
+
+def prefect_local_result_dirs() -> list[Path]:
+    """Prefect's own local result storage (``PREFECT_LOCAL_STORAGE_PATH``, by default under
+    ``PREFECT_HOME``): where results of tasks and flows without a result storage of their own go when
+    ``PREFECT_RESULTS_PERSIST_BY_DEFAULT`` is on. ``tmem forget`` scans it for the conversation's."""
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
+
+    path = PREFECT_LOCAL_STORAGE_PATH.value()
+    return [Path(path)] if path else []

@@ -1,4 +1,4 @@
-"""Unit quarantine in the store (migration m008), the build report's naming of it, and the exit codes."""
+"""Unit quarantine in the store (migration m009), the build report's naming of it, and the exit codes."""
 
 from __future__ import annotations
 

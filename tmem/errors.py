@@ -119,3 +119,8 @@ class ValidationFailure(LLMOutputError):
 
 class ScopeError(TmemError):
     """A read was attempted without a valid conversation scope, or for an unknown conversation."""
+
+
+class ForgetError(TmemError):
+    """``tmem forget`` refused (an unknown or empty id, unattributable cache rows, another forget
+    unfinished); nothing was removed. The message names the id and the reason."""

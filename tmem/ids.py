@@ -16,3 +16,10 @@ def content_hash(*parts: Any) -> str:
 def content_id(kind: str, *parts: Any, length: int = 16) -> str:
     """An id like ``scn_3f2a...``: ``kind`` prefix plus a truncated content hash."""
     return f"{kind}_{content_hash(kind, *parts)[:length]}"
+
+
+def conversation_partition(conversation_id: str) -> str:
+    """The directory name under which files derived from one conversation are kept (Prefect task
+    results, ``tasks/runtime.py``), so ``tmem forget`` removes them without reading other files.
+    A digest, not the id: ids may hold any character, a path component may not."""
+    return "c-" + content_hash("conversation-partition", conversation_id)[:32]

@@ -4,7 +4,8 @@ To add one (build, query, answer, serve, runs, eval): write ``tmem/cli/<name>_cm
 ``COMMAND = Command(...)`` (see :mod:`tmem.cli.base`) and append it to :data:`COMMANDS`.
 
 Exit codes: 0 success; 2 bad input (usage, malformed archive, missing store, invalid settings);
-3 ``tmem build`` published, but some conversations were quarantined; 1 any other failure. Errors print ``error: <message>`` on stderr.
+3 ``tmem build`` published, but some conversations were quarantined; 1 any other failure.
+``tmem forget`` exits 2 when it refuses (nothing removed). Errors print ``error: <message>`` on stderr.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tmem.cli import (
     answer_cmd,
     build_cmd,
     eval_cmd,
+    forget_cmd,
     ingest_cmd,
     mcp_cmd,
     quarantine_cmd,
@@ -28,17 +30,17 @@ from tmem.cli import (
     stats_cmd,
 )
 from tmem.cli.base import CliContext, Command
-from tmem.errors import DatasetError, IngestError, ScopeError, StoreError, TmemError
+from tmem.errors import DatasetError, ForgetError, IngestError, ScopeError, StoreError, TmemError
 
 COMMANDS: tuple[Command, ...] = (
     ingest_cmd.COMMAND, build_cmd.COMMAND, stats_cmd.COMMAND, query_cmd.COMMAND, answer_cmd.COMMAND, serve_cmd.COMMAND,
-    runs_cmd.COMMAND, quarantine_cmd.COMMAND, eval_cmd.COMMAND, mcp_cmd.COMMAND,
+    runs_cmd.COMMAND, quarantine_cmd.COMMAND, eval_cmd.COMMAND, mcp_cmd.COMMAND, forget_cmd.COMMAND,
 )
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
-INPUT_ERRORS: tuple[type[TmemError], ...] = (IngestError, DatasetError, ScopeError, StoreError)
+INPUT_ERRORS: tuple[type[TmemError], ...] = (IngestError, DatasetError, ScopeError, StoreError, ForgetError)
 
 
 def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:

@@ -26,6 +26,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="archive format; auto: by extension (.json LoCoMo, .jsonl generic), else by content",
     )
+    parser.add_argument(
+        "--allow-forgotten",
+        action="store_true",
+        help="ingest conversations that `tmem forget` erased (refused otherwise, naming the file and record)",
+    )
     add_json_option(parser)
 
 
@@ -44,6 +49,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
             store,
             now=ctx.clock(),
             source_format=None if args.format == "auto" else args.format,
+            allow_forgotten=args.allow_forgotten,
         )
     spooled = drain_spool(store, now=ctx.clock())
     seconds = round(time.perf_counter() - started, 3)

@@ -54,6 +54,7 @@ from tmem.ids import content_id
 from tmem.prompts import item_extract
 from tmem.prompts.common import dialogue_blocks
 from tmem.providers.base import ChatModel
+from tmem.providers.scope import scoped
 
 MAX_SCENES_PER_CALL = 12
 MAX_ITEM_KEYWORDS = 8
@@ -69,6 +70,7 @@ def item_id(conversation_id: str, content: str, source_scene_ids: Sequence[str],
     return content_id("itm", conversation_id, content, sorted(source_scene_ids), item_extract.VERSION, model_name)
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def extract_items(
     conversation_id: str,
     topic: Topic,
@@ -90,6 +92,7 @@ def extract_items(
     )
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def extract_items_detailed(
     conversation_id: str,
     topic: Topic,

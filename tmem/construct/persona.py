@@ -25,6 +25,7 @@ from tmem.errors import LLMOutputError
 from tmem.prompts import persona as persona_prompt
 from tmem.prompts.common import dialogue_blocks
 from tmem.providers.base import ChatModel
+from tmem.providers.scope import scoped
 
 CHUNK_TURNS = 250
 CHUNK_CHARS = 24_000
@@ -35,6 +36,7 @@ class _Unfinished(Exception):
     """A fold failed: the persona of the speaker is left out (internal to :func:`persona_outcome`)."""
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def persona(
     conversation_id: str,
     speaker: str,

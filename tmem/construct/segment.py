@@ -33,6 +33,7 @@ from tmem.ids import content_id
 from tmem.prompts import scene_boundaries, scene_pack
 from tmem.prompts.common import dialogue_blocks
 from tmem.providers.base import ChatModel
+from tmem.providers.scope import scoped
 
 MAX_SCENE_TURNS = 40
 PACK_BATCH = 4
@@ -63,6 +64,7 @@ def ordered_turns(conversation_id: str, turns: Sequence[Turn]) -> list[Turn]:
     return ordered
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def segment(
     conversation_id: str,
     turns: Sequence[Turn],

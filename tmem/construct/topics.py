@@ -34,6 +34,7 @@ from tmem.ids import content_id
 from tmem.prompts import topic_create, topic_match
 from tmem.prompts.common import iso_date
 from tmem.providers.base import ChatModel
+from tmem.providers.scope import scoped
 
 MAX_KEYWORDS = 40
 
@@ -60,6 +61,7 @@ def topic_id(conversation_id: str, founding_scene_id: str) -> str:
     return content_id("tpc", conversation_id, founding_scene_id, topic_create.VERSION, topic_match.VERSION)
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def admit_topics(
     conversation_id: str,
     scenes: Sequence[Scene],

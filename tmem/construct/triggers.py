@@ -31,11 +31,13 @@ from tmem.prompts import item_triggers as item_prompt
 from tmem.prompts import scene_triggers as scene_prompt
 from tmem.prompts.common import iso_date, iso_when
 from tmem.providers.base import ChatModel
+from tmem.providers.scope import scoped
 
 ITEM_BATCH = 6
 SCENE_BATCH = 4
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def item_triggers(
     conversation_id: str,
     items: Sequence[Item],
@@ -120,6 +122,7 @@ def _item_triggers(
     )
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def scene_triggers(
     conversation_id: str,
     scenes: Sequence[Scene],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ from tmem.ingest.frames import archive_frames, plan_ingest
 from tmem.ingest.jsonl import parse_jsonl_text
 from tmem.ingest.locomo import parse_locomo_text
 from tmem.store.ingest_writer import ingest_transaction
+from tmem.store.tombstones import Tombstone
 
 if TYPE_CHECKING:
     import duckdb
@@ -45,6 +46,24 @@ class IngestReport:
         out = asdict(self)
         out["files"] = list(self.files)
         return out
+
+
+def _check_forgotten(archives: Sequence[ParsedArchive], refused: Sequence[Tombstone], allow: bool) -> None:
+    """Raise IngestError for the first forgotten conversation the archives bring back (unless
+    ``allow``; a forget still in progress is refused even then)."""
+    blocking = [t for t in refused if t.in_progress or not allow]
+    if not blocking:
+        return
+    stone = blocking[0]
+    archive = next(a for a in archives if stone.conversation_id in a.records.conversations)
+    when = stone.forgotten_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if stone.in_progress:
+        reason = (f"conversation {shown(stone.conversation_id)} is being forgotten (tmem forget started {when}); "
+                  "finish it with `tmem forget --resume` before ingesting it again")
+    else:
+        reason = (f"conversation {shown(stone.conversation_id)} was forgotten at {when} (tmem forget); "
+                  "pass --allow-forgotten to ingest it again")
+    raise IngestError(archive.path, archive.records.conversations[stone.conversation_id], reason)
 
 
 def detect_format(path: Path, text: str | None = None) -> SourceFormat:
@@ -97,29 +116,36 @@ def read_archives(paths: Sequence[Path], source_format: SourceFormat | None = No
 
 
 def ingest_archives(
-    paths: Sequence[Path], store: Path, *, now: datetime, source_format: SourceFormat | None = None
+    paths: Sequence[Path], store: Path, *, now: datetime, source_format: SourceFormat | None = None,
+    allow_forgotten: bool = False,
 ) -> IngestReport:
     """Validate every archive, then add what is new to ``store`` in one transaction.
 
     ``now`` is the record time written as ``ingested_at``/``updated_at`` (timezone-aware).
-    Raises IngestError (and writes nothing) on any malformed input or conflicting change.
+    Raises IngestError (and writes nothing) on any malformed input or conflicting change, and for
+    a conversation ``tmem forget`` erased, unless ``allow_forgotten`` readmits it.
     """
     if not paths:
         raise ValueError("no archive paths given")
-    return ingest_parsed(read_archives(paths, source_format), store, now=now)
+    return ingest_parsed(read_archives(paths, source_format), store, now=now, allow_forgotten=allow_forgotten)
 
 
 def ingest_parsed(
-    archives: Sequence[ParsedArchive], store: Path, *, now: datetime, con: duckdb.DuckDBPyConnection | None = None
+    archives: Sequence[ParsedArchive], store: Path, *, now: datetime, con: duckdb.DuckDBPyConnection | None = None,
+    allow_forgotten: bool = False,
 ) -> IngestReport:
     """Write already validated archives into ``store`` (see :func:`ingest_archives`), through
-    ``con`` when given (an open connection to the working database, e.g. the builder's)."""
+    ``con`` when given (an open connection to the working database, e.g. the builder's). A forgotten
+    conversation (a tombstone) is refused unless ``allow_forgotten``."""
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     frames = archive_frames(archives)
     with ingest_transaction(store, con) as tx:
+        _check_forgotten(archives, tx.refused(frames.conversation_ids), allow_forgotten)
         plan, counts = plan_ingest(frames, tx.stored_state(frames.conversation_ids), now)
         tx.write(plan)
+        if allow_forgotten:
+            tx.readmit(frames.conversation_ids, now)
     return IngestReport(
         files=tuple(a.path for a in archives),
         conversations=frames.conversations.height,

@@ -41,6 +41,7 @@ from tmem.providers.batch_api import (
 )
 from tmem.providers.chat import LLMRequestRejectedError
 from tmem.providers.llm_ledger import Completion, TokenUsage
+from tmem.providers.scope import current_conversation
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -80,9 +81,10 @@ class BatchJournal(Protocol):
         ...
 
     def submitted(
-        self, batch_id: str, input_file_id: str, model: str, requests: list[tuple[str, str, str]], at: datetime
+        self, batch_id: str, input_file_id: str, model: str, requests: list[tuple[str, str, str, str | None]],
+        at: datetime,
     ) -> None:
-        """Record a new batch and its requests as (digest, custom id, operation)."""
+        """Record a new batch and its requests as (digest, custom id, operation, conversation id or None)."""
         ...
 
     def finished(self, batch_id: str, status: str, at: datetime) -> None: ...
@@ -117,6 +119,7 @@ class _Queued:
     digest: str
     body: dict[str, Any]
     future: Future[LineResult]
+    conversation_id: str | None = None  # whose request it is (tmem.providers.scope), for `tmem forget`
 
 
 def line_error(result: LineResult, operation: str, input_ref: str) -> LLMError:
@@ -214,7 +217,7 @@ class BatchingChatModel:
             if found is not None:
                 return found
             future: Future[LineResult] = Future()
-            self._queue.append(_Queued(custom_id, operation, digest, body, future))
+            self._queue.append(_Queued(custom_id, operation, digest, body, future, current_conversation()))
             if len(self._queue) >= self._config.max_size:
                 lines = self._take_queue()
                 self._spawn(lambda: self._submit_and_follow(lines), "submit")
@@ -277,7 +280,7 @@ class BatchingChatModel:
             batch_id, file_id = self._transport.submit(lines, {"tmem_model": self.model_name})
             log.info("submitted batch %s with %d requests", batch_id, len(lines))
             if self._journal is not None:
-                requests = [(q.digest, q.custom_id, q.operation) for q in queued]
+                requests = [(q.digest, q.custom_id, q.operation, q.conversation_id) for q in queued]
                 self._journal.submitted(batch_id, file_id, self.model_name, requests, self._clock())
         except BaseException as exc:  # every caller gets the failure (none waits forever); unexpected ones re-raise
             log.warning("batch submission of %d requests failed: %s", len(lines), exc)

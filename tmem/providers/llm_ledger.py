@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from tmem.errors import LLMOutputError, LLMTruncatedError
 from tmem.prompts.base import Prompt
+from tmem.providers.scope import current_conversation
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -106,6 +107,10 @@ class UsageRecord:
     checked_reask: bool = False  # the prompt carried a construction check's rejection (Prompt.checked_reask)
     truncated: bool = False  # the answer was cut at the completion budget (LLMTruncatedError)
     output_error: bool = False  # the call raised LLMOutputError (truncated, or invalid after the repairs)
+    # Whose call it was (tmem.providers.scope) and the cache key it read or wrote: what `tmem forget`
+    # finds a conversation's cached answers by. None: made outside a conversation's scope / uncached.
+    conversation_id: str | None = None
+    cache_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -302,7 +307,7 @@ class CachedChatModel:
         with self._key_locks.hold(key):
             hit = self._cached(prompt, key)
             if hit is not None:
-                self._record(prompt, TokenUsage(), 0, start, cache_hit=True)
+                self._record(prompt, TokenUsage(), 0, start, cache_hit=True, key=key)
                 return hit
             done = self._metered(prompt, start)
             self._cache.put(
@@ -318,7 +323,7 @@ class CachedChatModel:
                 )
             )
         self._record(prompt, done.usage, done.requests, start, cache_hit=False, batch=done.batch_usage,
-                     repairs=done.repairs)
+                     repairs=done.repairs, key=key)
         return done.value
 
     def _metered(self, prompt: Prompt[R], start: float) -> Completion[R]:
@@ -348,6 +353,7 @@ class CachedChatModel:
     def _record(
         self, prompt: Prompt[R], usage: TokenUsage, requests: int, start: float, *, cache_hit: bool,
         batch: TokenUsage | None = None, repairs: int = 0, truncated: bool = False, output_error: bool = False,
+        key: str | None = None,
     ) -> None:
         if self._ledger is None:
             return
@@ -370,5 +376,7 @@ class CachedChatModel:
                 checked_reask=prompt.checked_reask,
                 truncated=truncated,
                 output_error=output_error,
+                conversation_id=current_conversation(),
+                cache_key=key,
             )
         )

@@ -23,7 +23,8 @@ class DuckBatchJournal(_Serialised):
         return (str(row[0]), str(row[1])) if row else None
 
     def submitted(
-        self, batch_id: str, input_file_id: str, model: str, requests: list[tuple[str, str, str]], at: datetime
+        self, batch_id: str, input_file_id: str, model: str, requests: list[tuple[str, str, str, str | None]],
+        at: datetime,
     ) -> None:
         with self._cursor() as cur:
             cur.execute("BEGIN TRANSACTION")
@@ -34,8 +35,9 @@ class DuckBatchJournal(_Serialised):
                     [batch_id, input_file_id, model, len(requests), at],
                 )
                 cur.executemany(
-                    "INSERT INTO llm_batch_requests (digest, batch_id, custom_id, operation) VALUES (?, ?, ?, ?)",
-                    [[digest, batch_id, custom_id, operation] for digest, custom_id, operation in requests],
+                    "INSERT INTO llm_batch_requests (digest, batch_id, custom_id, operation, conversation_id) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    [[digest, batch_id, custom_id, operation, owner] for digest, custom_id, operation, owner in requests],
                 )
             except BaseException:
                 cur.execute("ROLLBACK")

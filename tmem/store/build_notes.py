@@ -1,4 +1,4 @@
-"""The construction stages' notes per run (table ``build_notes``, migration m007), and construction
+"""The construction stages' notes per run (table ``build_notes``, migration m008), and construction
 health per run and operation: the usage ledger's calls, re-asks, repairs and truncations joined
 with the notes' splits, clipped lists, reclassified items, dropped refs and quarantined units.
 

@@ -247,6 +247,12 @@ def write_conversation_images(
         "lexical_bytes": pa.array([placed[c][4] for c in ids], pa.int64()),
         "source_key": pa.array([keys[c] for c in ids], pa.string()),
     })
+    write_image_index(con, schema, index)
+    return len(ids), len(reuse)
+
+
+def write_image_index(con: duckdb.DuckDBPyConnection, schema: str, index: pa.Table) -> None:
+    """Create ``<schema>.conversation_images`` holding ``index`` (its columns in table order)."""
     con.execute(
         f"CREATE TABLE {schema}.{IMAGE_TABLE} (conversation_id VARCHAR NOT NULL, format INTEGER NOT NULL, "
         "byte_offset BIGINT NOT NULL, byte_length BIGINT NOT NULL, vector_bytes BIGINT NOT NULL, "
@@ -260,7 +266,6 @@ def write_conversation_images(
         )
     finally:
         con.unregister("tmem_image_index")
-    return len(ids), len(reuse)
 
 
 class ImageLocation(NamedTuple):

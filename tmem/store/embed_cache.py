@@ -17,6 +17,7 @@ import pyarrow as pa
 from tmem.errors import StoreError
 
 _STAGED = "tmem_embedding_cache_staged"
+_OWNERS = "tmem_embedding_owners_staged"
 
 
 class DuckEmbeddingCache:
@@ -94,3 +95,32 @@ def _vectors_by_hash(result: pa.Table) -> dict[str, npt.NDArray[np.float32]]:
     values = lists.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
     offsets = lists.offsets.to_numpy() - lists.offsets[0].as_py()
     return {h: values[offsets[i] : offsets[i + 1]].copy() for i, h in enumerate(hashes)}
+
+
+def record_embedding_owners(con: duckdb.DuckDBPyConnection, model: str, texts_by_conversation: Mapping[str, Sequence[str]]) -> int:
+    """Record that each conversation's published vectors embed these texts (``embedding_owners``,
+    m010): ``tmem forget`` deletes a cached embedding once no remaining conversation owns it.
+    Returns the rows written (existing ones are kept)."""
+    from tmem.providers.embed import embedding_key
+
+    rows = {(embedding_key(model, text), cid) for cid, texts in texts_by_conversation.items() for text in texts}
+    if not rows:
+        return 0
+    staged = pa.table({
+        "model": pa.array([model] * len(rows), type=pa.string()),
+        "text_hash": pa.array([h for h, _ in rows], type=pa.string()),
+        "conversation_id": pa.array([c for _, c in rows], type=pa.string()),
+    })
+    cur = con.cursor()
+    try:
+        cur.register(_OWNERS, staged)
+        cur.execute(
+            f"INSERT INTO embedding_owners SELECT model, text_hash, conversation_id FROM {_OWNERS} "  # noqa: S608 -- constant name
+            "ON CONFLICT DO NOTHING"
+        )
+        cur.unregister(_OWNERS)
+    except duckdb.Error as exc:
+        raise StoreError(f"embedding_owners: recording {len(rows)} owners for {model!r} failed ({exc})") from exc
+    finally:
+        cur.close()
+    return len(rows)

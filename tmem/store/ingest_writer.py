@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
@@ -24,6 +25,7 @@ import polars as pl
 
 from tmem.errors import StoreError
 from tmem.store.duck import connect
+from tmem.store.tombstones import Tombstone, readmit, refused_ingests
 
 UTC_TIME = pl.Datetime("us", "UTC")
 
@@ -98,6 +100,13 @@ class IngestTransaction:
     def stored_state(self, conversation_ids: Sequence[str]) -> StoredState:
         """The stored rows of these conversations (empty frames for unknown ones)."""
         return read_stored_state(self._con, conversation_ids)
+
+    def refused(self, conversation_ids: Sequence[str]) -> list[Tombstone]:
+        """The conversations a forget tombstoned and no ingest readmitted (tmem.store.tombstones)."""
+        return refused_ingests(self._con, conversation_ids)
+
+    def readmit(self, conversation_ids: Sequence[str], at: datetime) -> int:
+        return readmit(self._con, conversation_ids, at)
 
     def write(self, plan: IngestPlan) -> None:
         """Insert the plan's rows; conversations already stored are updated in place."""

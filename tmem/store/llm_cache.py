@@ -31,11 +31,13 @@ _INSERT_USAGE_BATCH = (
     " attempts, recorded_at, usage_estimated, batch, batch_prompt_tokens, batch_completion_tokens)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# Every column (m008_construction_health); also what the publisher writes for a Dask worker's rows.
+# Every column (m008_construction_health, m010_forget); also what the publisher writes for a Dask
+# worker's rows.
 INSERT_USAGE_FULL = (
     "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
     " attempts, recorded_at, usage_estimated, batch, batch_prompt_tokens, batch_completion_tokens, repairs,"
-    " checked_reask, truncated, output_error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " checked_reask, truncated, output_error, conversation_id, cache_key)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -45,7 +47,7 @@ def usage_values(record: UsageRecord) -> list[object]:
         record.run_id, record.operation, record.model, record.prompt_tokens, record.completion_tokens,
         record.latency_ms, record.cache_hit, record.attempts, record.recorded_at, record.usage_estimated,
         record.batch, record.batch_prompt_tokens, record.batch_completion_tokens, record.repairs,
-        record.checked_reask, record.truncated, record.output_error,
+        record.checked_reask, record.truncated, record.output_error, record.conversation_id, record.cache_key,
     ]
 
 
@@ -135,7 +137,7 @@ class DuckUsageLedger(_Serialised):
             }
         self._has_estimated = "usage_estimated" in columns
         self._has_batch = "batch" in columns  # m005_llm_batches
-        self._has_health = "truncated" in columns  # m008_construction_health
+        self._has_health = "truncated" in columns and "cache_key" in columns  # m008 and m010
 
     def record(self, record: UsageRecord) -> None:
         values: list[object] = [

@@ -317,9 +317,43 @@ M009_QUARANTINE_UNITS = Migration(
     """,
 )
 
+# Forgetting a conversation (tmem.store.forget). The ledger and the batch journal name the
+# conversation each call was made for (tmem.providers.scope) and the ledger the cache key it used,
+# so a conversation's cached answers can be found; a publish records which conversations own each
+# cached embedding. Rows written before this migration have NULL there ("unowned").
+# forget_tombstones: digests of forgotten ids (ingest refuses them unless readmitted explicitly);
+# forget_jobs: a forget in progress (a killed one is resumed by the next `tmem forget`).
+M010_FORGET = Migration(
+    "m010_forget",
+    """
+    ALTER TABLE llm_usage ADD COLUMN conversation_id VARCHAR;
+    ALTER TABLE llm_usage ADD COLUMN cache_key VARCHAR;
+    ALTER TABLE llm_batch_requests ADD COLUMN conversation_id VARCHAR;
+    CREATE TABLE embedding_owners (
+        model           VARCHAR NOT NULL,
+        text_hash       VARCHAR NOT NULL,
+        conversation_id VARCHAR NOT NULL,
+        PRIMARY KEY (model, text_hash, conversation_id)
+    );
+    CREATE TABLE forget_tombstones (
+        id_digest       VARCHAR PRIMARY KEY,   -- tmem.store.tombstones.id_digest of the forgotten id
+        forgotten_at    TIMESTAMPTZ NOT NULL,  -- when the forget started
+        finished_at     TIMESTAMPTZ,           -- when it finished (NULL: still in progress)
+        readmitted_at   TIMESTAMPTZ            -- set by an ingest with allow_forgotten
+    );
+    CREATE TABLE forget_jobs (
+        id_digest       VARCHAR PRIMARY KEY,
+        subject         VARCHAR,               -- the id itself, cleared before the final rewrite
+        step            VARCHAR NOT NULL,
+        started_at      TIMESTAMPTZ NOT NULL,
+        options         JSON NOT NULL
+    );
+    """,
+)
+
 MIGRATIONS: Sequence[Migration] = (
     M001_INGEST, M002_MEMORY, M003_LLM, M004_USAGE_ESTIMATED, M005_LLM_BATCHES, M006_QUARANTINE, M007_ITEM_TIME,
-    M008_CONSTRUCTION_HEALTH, M009_QUARANTINE_UNITS,
+    M008_CONSTRUCTION_HEALTH, M009_QUARANTINE_UNITS, M010_FORGET,
 )
 
 # Tables that make up a conversation's built memory (copied whole into a snapshot).

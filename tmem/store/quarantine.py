@@ -1,4 +1,4 @@
-"""Quarantined conversations and units (table ``quarantine``, migrations m006 and m008).
+"""Quarantined conversations and units (table ``quarantine``, migrations m006 and m009).
 
 A **conversation** is quarantined when an operation of its spine (segmentation, topic admission)
 kept answering invalid output (not JSON, not the schema, contradicting its input, or cut at its
@@ -166,7 +166,7 @@ def list_quarantine(
     """Quarantine records, conversations and units, newest first: the active ones (default) or all.
 
     A store not yet migrated to m006 (opened read-only before its next build) has none; one not yet
-    at m008 has conversation records only.
+    at m009 has conversation records only.
     """
     if not _has_table(con):
         return []

@@ -85,17 +85,9 @@ def publish_snapshot(
     ``image_vectors``: copy each conversation's pinned vector rows into its image (else cold loads
     read them from LanceDB)."""
     store = Path(store)
-    root = store / SNAPSHOTS
-    root.mkdir(parents=True, exist_ok=True)
     builds = {r[0]: r[1] for r in con.execute("SELECT conversation_id, build_id FROM memory_builds").fetchall()}
-    snapshot_id = f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{content_hash(builds, lance_versions)[:8]}"
-    final = root / snapshot_id
-    if final.exists():
-        raise StoreError(f"{final}: snapshot already exists")
-    # The store has one writer, so any temporary snapshot left here is from a publish that died.
-    _remove_leftovers(root)
-    tmp = root / f".{snapshot_id}.tmp"
-    tmp.mkdir()
+    snapshot_id = snapshot_id_for(now, builds, lance_versions)
+    tmp = start_snapshot_dir(store, snapshot_id)
     db_path = tmp / MEMORY_DB
     con.execute("ATTACH ? AS snap", [str(db_path)])
     try:
@@ -122,12 +114,39 @@ def publish_snapshot(
         "conversations": builds,
         IMAGE_MANIFEST_KEY: IMAGE_FORMAT,
     }
+    return commit_snapshot_dir(store, tmp, manifest)
+
+
+def snapshot_id_for(now: datetime, builds: dict[str, str], lance_versions: dict[str, int]) -> str:
+    """A new snapshot's id: its time (ids sort by it) and a digest of what it publishes."""
+    return f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{content_hash(builds, lance_versions)[:8]}"
+
+
+def start_snapshot_dir(store: Path, snapshot_id: str) -> Path:
+    """The temporary directory a new snapshot is written in (``snapshots/.<id>.tmp``). The store has
+    one writer, so any temporary snapshot left here is from a publish that died: removed first."""
+    root = Path(store) / SNAPSHOTS
+    root.mkdir(parents=True, exist_ok=True)
+    if (root / snapshot_id).exists():
+        raise StoreError(f"{root / snapshot_id}: snapshot already exists")
+    _remove_leftovers(root)
+    tmp = root / f".{snapshot_id}.tmp"
+    tmp.mkdir()
+    return tmp
+
+
+def commit_snapshot_dir(store: Path, tmp: Path, manifest: dict[str, Any]) -> SnapshotInfo:
+    """Write the manifest into the finished temporary directory, rename it to its id and point
+    ``CURRENT`` at it (each step fsynced; readers see the old snapshot or the new one, whole)."""
+    store = Path(store)
+    root = store / SNAPSHOTS
+    final = root / str(manifest["snapshot_id"])
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     _fsync_dir(tmp)
     os.replace(tmp, final)
     _fsync_dir(root)
     pointer_tmp = store / f".{CURRENT}.tmp"
-    pointer_tmp.write_text(snapshot_id)
+    pointer_tmp.write_text(str(manifest["snapshot_id"]))
     with open(pointer_tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(pointer_tmp, store / CURRENT)
