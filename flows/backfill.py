@@ -24,6 +24,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.build_memory import build_memory
 from tasks.maintenance import find_changed_conversations, ingest_files
+from tmem.build.spec import BuildSpec
 from tmem.errors import IngestError, TmemError
 
 
@@ -67,7 +68,7 @@ def backfill_chunk(store: str, files: list[str], number: int, total: int) -> dic
                            "snapshot_id": None, "run_id": None, "skipped": not changed}
     if not changed:  # ingested and published by an earlier run
         return out
-    build = build_memory(store=store, conversation_ids=changed, only_changed=True, label=label)
+    build = build_memory(store=BuildSpec.resolve(store), conversation_ids=changed, only_changed=True, label=label)
     if build["failures"]:
         failed = ", ".join(f["conversation_id"] for f in build["failures"])
         raise BackfillFailed(f"chunk {number}/{total}: conversations failed to build: {failed}")

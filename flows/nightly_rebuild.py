@@ -24,6 +24,7 @@ from tasks.maintenance import (
     optimize_vector_tables,
     prune_old_snapshots,
 )
+from tmem.build.spec import BuildSpec
 from tmem.errors import TmemError
 from tmem.pricing import format_usd
 
@@ -83,13 +84,14 @@ def nightly_rebuild(
     if keep_snapshots < 1:
         raise ValueError("keep_snapshots must be >= 1")
     started = datetime.now(UTC)
+    spec = BuildSpec.resolve(store)  # this run's settings, resolved once: the build's parameter in the UI
     drain_posted_turns(store, started)  # turns posted since the last run count as changes
     changed = find_changed_conversations(store)
     build = None
     if changed:
-        build = build_memory(store=store, conversation_ids=changed, only_changed=True, label=label, prices=prices)
+        build = build_memory(store=spec, conversation_ids=changed, only_changed=True, label=label, prices=prices)
     pruned = prune_old_snapshots(store, keep_snapshots)
-    vectors = optimize_vector_tables(store, datetime.now(UTC), lance_margin_s)
+    vectors = optimize_vector_tables(spec, datetime.now(UTC), lance_margin_s)
     result: dict[str, Any] = {"started_at": started.isoformat(timespec="seconds"), "changed": changed, "build": build,
                               "pruned": pruned, "vectors": vectors}
     create_markdown_artifact(markdown=render_report(result), key="tmem-nightly-report",

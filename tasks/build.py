@@ -1,102 +1,62 @@
-"""Prefect tasks of the construction DAG: each wraps one library stage.
+"""Prefect tasks of the build: a few lines each around one library function.
 
-Every task takes ``store`` and ``run_id`` (to find the process's dependency bundle, excluded
-from cache keys), its content inputs, and ``fingerprint`` — the model, prompt versions and
-stage knobs — so the content cache key changes whenever the output could. Each returns the
-stage's :class:`~tmem.construct.outcome.StageOutcome`: what it built, its notes and the units it
-quarantined (items, triggers and persona isolate a failing unit; segmentation and topic
-admission raise, failing the conversation). Completion budgets are not in the fingerprint: an
-answer that validated is valid under any budget, as in the LLM response cache.
+``build_conversation_task`` is one task run per conversation (``conversation/<id>``): it opens the
+run's runtime in its process from the spec (once per process; on a Dask worker with the run's
+exchange file) and runs the conversation's stages in process (:mod:`tmem.build.conversation`),
+reporting each stage and retry to the task run's log. Its inputs are the spec, the run id, the
+conversation id and the exchange path: plain values that travel to any worker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingResult
+from prefect.futures import PrefectFuture
+from prefect.logging import get_run_logger
 
-from tasks.runtime import bundle
-from tmem.construct import (
-    ExtractedItems,
-    StageOutcome,
-    TopicPool,
-    admit_topics_outcome,
-    extract_items_outcome,
-    item_triggers_outcome,
-    persona_outcome,
-    scene_triggers_outcome,
-    segment_outcome,
-)
-from tmem.domain import Item, ItemTriggers, Memory, Persona, Scene, SceneTriggers, Topic, Turn
-from tmem.index.embed import embed_memory_views
-from tmem.store.lance import VectorRow
-
-LLM_TAG = "llm"
-RETRIES = 2
-RETRY_DELAY_S: list[float] = [2.0, 10.0]
+from tmem.build.conversation import ConversationBuild, build_conversation
+from tmem.build.runtime import drain_journal, runtime_for
+from tmem.build.spec import BuildSpec
+from tmem.build.stages import LogObserver
+from tmem.errors import LLMError
 
 
-@task(name="segment-scenes", task_run_name="segment/{conversation_id}", tags=[LLM_TAG, "stage:segment"],
-      retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S)
-def segment_scenes(
-    store: str, run_id: str, conversation_id: str, turns: Sequence[Turn], fingerprint: str
-) -> StageOutcome[list[Scene]]:
-    b = bundle(store, run_id)
-    return segment_outcome(conversation_id, list(turns), b.chat, window=b.settings.segment_window)
+def _orchestration_failure(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a conversation only for what its stages did not already retry: an LLM error reached
+    here after the stage's own retries (and the adapter's repair), so asking again is waste."""
+    return not isinstance(getattr(state, "data", None), LLMError)
 
 
-@task(name="admit-topics", task_run_name="topics/{conversation_id}", tags=[LLM_TAG, "stage:topics"],
-      retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S)
-def admit_scene_topics(
-    store: str, run_id: str, conversation_id: str, scenes: Sequence[Scene], fingerprint: str
-) -> StageOutcome[TopicPool]:
-    b = bundle(store, run_id)
-    return admit_topics_outcome(conversation_id, list(scenes), b.chat, batch=b.settings.topic_batch)
+# One retry of the whole conversation: finished stage units come from the stage cache, so a retry after
+# a transient orchestration error only redoes what was lost. No tags: each tag costs every task run a
+# concurrency-lease round trip to the API; LLM calls are bounded in process (TMEM_LLM_CONCURRENCY).
+@task(name="build-conversation", task_run_name="conversation/{conversation_id}", retries=1, retry_delay_seconds=5,
+      retry_condition_fn=_orchestration_failure, cache_policy=NO_CACHE)
+def build_conversation_task(spec: BuildSpec, run_id: str, conversation_id: str,
+                            exchange: str | None = None) -> ConversationBuild:
+    rt = runtime_for(spec, run_id, exchange)
+    # The task run's logger (safe from the conversation's fan-out threads): the UI shows its stages and retries.
+    built = build_conversation(rt, conversation_id, LogObserver(get_run_logger()))  # type: ignore[arg-type]
+    return replace(built, journal=drain_journal(spec, run_id, exchange))
 
 
-@task(name="extract-items", task_run_name="items/{conversation_id}/{topic.topic_id}", tags=[LLM_TAG, "stage:items"],
-      retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S)
-def extract_topic_items(
-    store: str, run_id: str, conversation_id: str, topic: Topic, scenes: Sequence[Scene], turns: Sequence[Turn],
-    other_topics: dict[str, list[str]], fingerprint: str,
-) -> StageOutcome[ExtractedItems]:
-    b = bundle(store, run_id)
-    return extract_items_outcome(conversation_id, topic, list(scenes), {t.turn_id: t for t in turns}, b.chat,
-                                 other_topics=other_topics)
-
-
-@task(name="item-triggers", task_run_name="item-triggers/{conversation_id}/{batch_no}", tags=[LLM_TAG, "stage:item-triggers"],
-      retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S)
-def derive_item_triggers(
-    store: str, run_id: str, conversation_id: str, batch_no: int, items: Sequence[Item], fingerprint: str
-) -> StageOutcome[list[ItemTriggers]]:
-    b = bundle(store, run_id)
-    return item_triggers_outcome(conversation_id, list(items), b.chat, batch=max(1, len(items)))
-
-
-@task(name="scene-triggers", task_run_name="scene-triggers/{conversation_id}/{batch_no}",
-      tags=[LLM_TAG, "stage:scene-triggers"], retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S)
-def derive_scene_triggers(
-    store: str, run_id: str, conversation_id: str, batch_no: int, scenes: Sequence[Scene], turns: Sequence[Turn],
-    fingerprint: str,
-) -> StageOutcome[list[SceneTriggers]]:
-    b = bundle(store, run_id)
-    return scene_triggers_outcome(
-        conversation_id, list(scenes), {t.turn_id: t for t in turns}, b.chat, batch=max(1, len(scenes))
-    )
-
-
-@task(name="persona", task_run_name="persona/{conversation_id}/{speaker}", tags=[LLM_TAG, "stage:persona"],
-      retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S)
-def summarize_persona(
-    store: str, run_id: str, conversation_id: str, speaker: str, turns: Sequence[Turn], fingerprint: str
-) -> StageOutcome[Persona | None]:
-    b = bundle(store, run_id)
-    return persona_outcome(conversation_id, speaker, list(turns), b.chat)
-
-
-@task(name="embed-views", task_run_name="embed/{memory.conversation_id}", tags=["stage:index"],
-      retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S)
-def embed_views(store: str, run_id: str, memory: Memory, turns: Sequence[Turn], fingerprint: str) -> list[VectorRow]:
-    b = bundle(store, run_id)
-    return embed_memory_views(memory, {t.turn_id: t for t in turns}, b.embedder)
+def conversation_result(future: PrefectFuture[ConversationBuild]) -> ConversationBuild | BaseException:
+    """What a finished conversation task gave: its build, or the exception that ended it."""
+    future.wait()  # done already; wait() keeps the final state with its data (`.state` alone re-reads the API)
+    state = future.state
+    if not state.is_completed():
+        found = state.result(raise_on_failure=False)
+        if isinstance(found, BaseException):
+            return found
+        return RuntimeError(f"conversation build ended in state {state.type.value}: {state.message}")
+    try:
+        built: ConversationBuild = state.result()
+    except MissingResult as exc:
+        # Seen after a retry under API load: the state came back without its data. Recorded as this
+        # conversation's failure; the next build gets it from the caches at no LLM cost.
+        return exc
+    return built

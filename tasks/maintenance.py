@@ -9,10 +9,11 @@ from typing import Any
 
 from prefect import task
 
+from tmem.build.runtime import runtime_for
+from tmem.build.spec import BuildSpec
 from tmem.bundle import is_object_uri, lance_uri
 from tmem.ingest import ingest_parsed, read_archives
 from tmem.ingest.spool import drain_spool
-from tmem.settings import load_settings
 from tmem.store.conversations import conversation_states
 from tmem.store.duck import connect
 from tmem.store.maintenance import optimize_vectors
@@ -20,14 +21,12 @@ from tmem.store.snapshot import prune_snapshots, unpublished_conversations
 
 
 @task(name="drain-spool", task_run_name="drain-spool", tags=["stage:ingest"])
-def drain_posted_turns(store: str, now: datetime, run_id: str | None = None) -> dict[str, Any]:
+def drain_posted_turns(store: str, now: datetime, spec: BuildSpec | None = None,
+                       run_id: str | None = None) -> dict[str, Any]:
     """Ingest the turns posted to ``tmem serve`` / ``tmem mcp`` that wait in the spool, through the
-    build run's connection when ``run_id`` names one (this process then holds the working database)."""
-    con = None
-    if run_id is not None:
-        from tasks.runtime import bundle
-
-        con = bundle(store, run_id).con.cursor()
+    build run's connection when ``spec`` and ``run_id`` name one (this process then holds the working
+    database)."""
+    con = runtime_for(spec, run_id).con.cursor() if spec is not None and run_id is not None else None
     try:
         return drain_spool(Path(store), now=now, con=con).as_dict()
     finally:
@@ -64,13 +63,12 @@ def prune_old_snapshots(store: str, keep: int) -> list[str]:
 
 
 @task(name="optimize-vectors", task_run_name="optimize-vectors")
-def optimize_vector_tables(store: str, now: datetime, margin_s: float) -> list[dict[str, Any]]:
+def optimize_vector_tables(spec: BuildSpec, now: datetime, margin_s: float) -> list[dict[str, Any]]:
     """Compact Lance tables and delete versions no retained snapshot pins (run after pruning)."""
-    settings = load_settings(store=Path(store))
-    uri = lance_uri(settings)
+    uri = lance_uri(spec.load_settings())
     if not is_object_uri(uri) and not Path(uri).exists():
         return []
-    done = optimize_vectors(Path(store), uri, now=now, margin=timedelta(seconds=margin_s))
+    done = optimize_vectors(spec.store_path, uri, now=now, margin=timedelta(seconds=margin_s))
     return [
         {"table": m.table, "pinned": list(m.pinned), "versions_before": len(m.versions_before),
          "versions_after": len(m.versions_after), "removed": len(m.removed),

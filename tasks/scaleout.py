@@ -3,13 +3,16 @@
 ``TMEM_TASK_RUNNER=threads`` (default) runs the conversation tasks in threads of the flow
 process. ``TMEM_TASK_RUNNER=dask`` sends them to a Dask cluster — ``TMEM_DASK_ADDRESS``, else a
 temporary ``LocalCluster`` of ``TMEM_DASK_WORKERS`` processes x ``TMEM_DASK_THREADS_PER_WORKER``
-threads. A worker runs a conversation's stage tasks in its own threads.
+threads. A worker runs a conversation's stages in its own process (:mod:`tmem.build.conversation`).
+The runner is chosen from the settings of the process when the run starts (Prefect enters a
+flow's task runner before the flow's body runs); everything a worker builds with comes from the
+spec its tasks receive.
 
 ``work.duckdb`` keeps one writer, the flow process. Before submitting, it exports what workers
-read (turns, cache rows) to the run's exchange file (:mod:`tmem.store.exchange`); workers
-journal what they would have written and send it back with each conversation's result; at
-the end the flow sweeps every worker for what is left (e.g. the calls of a failed
-conversation) and writes it all in one transaction before publishing.
+read (turns, cache rows) to the run's exchange file (:mod:`tmem.store.exchange`) and hands its
+path to every conversation task; workers journal what they would have written and send it back
+with each conversation's result; at the end the flow sweeps every worker for what is left (e.g.
+the calls of a failed conversation) and writes it all in one transaction before publishing.
 """
 
 from __future__ import annotations
@@ -17,24 +20,22 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from tasks.runtime import finish_worker_run
-from tmem.bundle import BuildBundle
+from tmem.build.conversation import ConversationBuild
+from tmem.build.runtime import BuildRuntime, release
+from tmem.build.spec import BuildSpec
 from tmem.errors import ConfigError
 from tmem.providers.journal import JournalBatch
 from tmem.settings import Settings, load_settings
-from tmem.store.exchange import ExchangeInfo, exchange_path, export_exchange, write_journal
+from tmem.store.exchange import exchange_path, export_exchange, write_journal
 
 if TYPE_CHECKING:
     from distributed import Client
-
-    from flows.build_memory import ConversationBuild
 
 
 def task_runner_for(settings: Settings, api_url: str | None = None) -> TaskRunner[Any]:
@@ -97,23 +98,31 @@ def dask_client() -> Client | None:
     return runner.client if isinstance(runner, DaskTaskRunner) else None
 
 
-def open_exchange_for_workers(b: BuildBundle, store: str, conversation_ids: list[str]) -> ExchangeInfo | None:
-    """On Dask, export the run's exchange file before any conversation is submitted."""
+def open_exchange_for_workers(rt: BuildRuntime, conversation_ids: list[str]) -> str | None:
+    """On Dask, export the run's exchange file before any conversation is submitted; its path (the
+    workers' tasks receive it), or None when the tasks run in threads here."""
     if dask_client() is None:
         return None
-    return export_exchange(b.con, exchange_path(Path(store), b.run_id), conversation_ids, b.settings)
+    return str(export_exchange(rt.con, exchange_path(rt.store, rt.run_id), conversation_ids, rt.settings).path)
 
 
-def store_worker_journals(b: BuildBundle, store: str, builds: dict[str, ConversationBuild]) -> dict[str, ConversationBuild]:
+def finish_worker_run(spec: BuildSpec, run_id: str, exchange: str) -> JournalBatch | None:
+    """Run on each Dask worker when the flow ends: the journal's remainder (e.g. from a failed
+    conversation), then the runtime is closed (its read-only exchange connection)."""
+    return release(spec, run_id, exchange)
+
+
+def store_worker_journals(rt: BuildRuntime, builds: dict[str, ConversationBuild],
+                          exchange: str | None) -> dict[str, ConversationBuild]:
     """Write what workers journaled — returned with their results, plus what every worker still
     holds — in one transaction. Returns the builds without their journals (nothing to publish)."""
     batches: list[JournalBatch | None] = [build.journal for build in builds.values()]
     client = dask_client()
-    if client is not None:
-        batches.extend(client.run(finish_worker_run, store, b.run_id).values())
-    write_journal(b.con, JournalBatch.merge(batches))
+    if client is not None and exchange is not None:
+        batches.extend(client.run(finish_worker_run, rt.spec, rt.run_id, exchange).values())
+    write_journal(rt.con, JournalBatch.merge(batches))
     return {cid: replace(build, journal=None) for cid, build in builds.items()}
 
 
-def remove_exchange(store: str, run_id: str) -> None:
-    exchange_path(Path(store), run_id).unlink(missing_ok=True)
+def remove_exchange(spec: BuildSpec, run_id: str) -> None:
+    exchange_path(spec.store_path, run_id).unlink(missing_ok=True)

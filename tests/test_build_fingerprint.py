@@ -1,4 +1,4 @@
-from flows.build_memory import BUILD_OPERATIONS, build_fingerprint
+from tmem.build.spec import BUILD_OPERATIONS, build_fingerprint
 from tmem.devtools import synth
 from tmem.prompts.base import prompt_versions
 from tmem.settings import load_settings

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import pytest
 
@@ -118,19 +117,6 @@ def test_the_cost_estimate_prices_batched_tokens_at_half(pair: Pair) -> None:
     assert sync_part is not None and batch_part is not None
     assert on["cost_usd"] == pytest.approx(sync_part + 0.5 * batch_part)
     assert off["cost_usd"] == pytest.approx(sync_part + batch_part)
-
-
-def test_tasks_waiting_on_batches_hold_no_llm_concurrency_slot(pair: Pair) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[UUID(pair.on.summary["run_id"])])))
-    tags = {r.name.split("/")[0]: set(r.tags) for r in runs}
-    for stage in ("persona", "items", "item-triggers", "scene-triggers"):
-        assert "llm-batch" in tags[stage] and "llm" not in tags[stage], (stage, tags[stage])
-    assert "llm" in tags["segment"] and "llm" in tags["topics"]
 
 
 def test_a_build_killed_with_a_batch_in_flight_reattaches_to_it_on_the_next_run(pair: Pair, tmp_path: Path) -> None:

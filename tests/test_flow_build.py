@@ -190,12 +190,15 @@ def test_build_run_is_recorded_in_duckdb_and_as_a_markdown_artifact(first: First
     assert f"| **total** | {summary['llm_calls']} | {summary['llm_cache_hits']} |" in report
 
 
-def _segment_task_run(run_id: str, conversation_id: str) -> Any:
-    """The completed segmentation task run of ``conversation_id`` under the build-memory run ``run_id``."""
+def _conversation_task_run(run_id: str, conversation_id: str) -> Any:
+    """The completed task run of ``conversation_id`` under the build-memory run ``run_id``, its states,
+    and the messages of its log."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
-        FlowRunFilterParentFlowRunId,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterTaskRunId,
         TaskRunFilter,
         TaskRunFilterName,
     )
@@ -203,23 +206,27 @@ def _segment_task_run(run_id: str, conversation_id: str) -> Any:
     def probe() -> Any:
         with get_client(sync_client=True) as client:
             runs = client.read_task_runs(
-                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[UUID(run_id)])),
-                task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[f"segment/{conversation_id}"])),
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])),
+                task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[f"conversation/{conversation_id}"])),
             )
             done = [r for r in runs if r.state_name == "Completed"]
             if len(done) != 1:
                 return None
-            return done[0], [s.name for s in client.read_task_run_states(done[0].id)]
+            logs = [entry.message for entry in client.read_logs(
+                log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[done[0].id])))]
+            if not any(m.startswith("embed:") for m in logs):  # logs reach the API in batches
+                return None
+            return done[0], [s.name for s in client.read_task_run_states(done[0].id)], logs
 
-    return wait_for(probe, what=f"the segment task run of {conversation_id}")
+    return wait_for(probe, what=f"the task run of {conversation_id} and its log")
 
 
-def test_a_task_failing_twice_is_retried_by_prefect_and_the_build_completes(
+def test_a_stage_failing_twice_is_retried_in_its_conversation_task_and_the_build_completes(
     prefect_harness: None, scripted_llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     store = tmp_path / "store"
     ingest_slice(store, tmp_path / "conv30-s1.json", {B: 1})
-    # No retries inside the adapter: each 500 fails the Prefect task, which must retry it.
+    # No retries inside the adapter: each 500 fails the segmentation stage, which must be retried.
     set_llm_env(monkeypatch, scripted_llm, TMEM_LLM_MAX_RETRIES="0")
     scripted_llm.fail_next("server_error", 2, operation="scene_boundaries")
 
@@ -233,10 +240,15 @@ def test_a_task_failing_twice_is_retried_by_prefect_and_the_build_completes(
     assert all(r.status == 200 for r in scripted_llm.requests if r.operation != "scene_boundaries")
     assert B in published(store).conversations
 
-    task_run, states = _segment_task_run(summary["run_id"], B)
-    assert task_run.run_count == 3  # two failed attempts, then the one that succeeded
-    assert states.count("AwaitingRetry") == 2, states
-    assert states[-1] == "Completed"
+    # In the UI: the conversation's task run, its stages and the stage's two retries in its log.
+    task_run, states, logs = _conversation_task_run(summary["run_id"], B)
+    assert task_run.run_count == 1 and states[-1] == "Completed"  # the stage was retried, not the conversation
+    retries = [m for m in logs if m.startswith("segment ") and "retrying in" in m]
+    assert [("attempt 1 of 3" in m, "attempt 2 of 3" in m) for m in retries] == [(True, False), (False, True)], logs
+    assert all("LLMTransportError" in m for m in retries)
+    stages = [m.split(":")[0] for m in logs if ":" in m and not m.startswith("segment ")]
+    assert {"segment", "topics", "items", "persona", "item-triggers", "scene-triggers", "embed"} <= set(stages), logs
+    assert any(m.startswith(f"segment: {summary['scenes']} scenes") for m in logs), logs
 
 
 def test_invalid_llm_output_fails_only_its_conversation_and_keeps_its_previous_memory(

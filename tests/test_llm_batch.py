@@ -101,6 +101,36 @@ def test_concurrent_batched_calls_share_one_batch_and_each_caller_gets_its_own_a
     assert not rows[SERIAL].batch and rows[SERIAL].batch_prompt_tokens == 0
 
 
+def test_calls_waiting_on_a_batch_hold_no_slot_of_the_builds_llm_concurrency(
+    scripted_llm_factory: Callable[..., ScriptedLLM], tmp_path: Path
+) -> None:
+    """The build's chat model (``chat_model_for``) with one call in flight allowed: three persona calls
+    wait on a batch the server holds, and a synchronous call still goes through at once."""
+    from tmem.bundle import chat_model_for
+
+    server = scripted_llm_factory(responders={"persona": upper, SERIAL: upper}, use_registry=False)
+    settings = load_settings(store=tmp_path, llm_base_url=server.url, llm_api_key=TEST_API_KEY, llm_batch="on",
+                             llm_batch_stages="persona", llm_concurrency=1, llm_batch_linger_s=0.05,
+                             llm_batch_poll_s=0.02, llm_batch_poll_max_s=0.05, llm_backoff_s=0.001)
+    con = connect(tmp_path)
+    try:
+        chat = chat_model_for(settings, "build", con, "r1")
+        server.batches.hold()
+        with ThreadPoolExecutor(3) as pool:
+            waiting = [pool.submit(chat.complete, prompt("persona", f"w{n}")) for n in range(3)]
+            deadline = time.monotonic() + 30
+            while not server.batches.created and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert server.batches.created, "the persona calls never went into a batch"
+            assert chat.complete(prompt(SERIAL, "serial")).text == "SERIAL"
+            assert not any(f.done() for f in waiting)  # still waiting on the held batch, holding no slot
+            server.batches.hold(False)
+            assert [f.result(timeout=30).text for f in waiting] == ["W0", "W1", "W2"]
+    finally:
+        con.close()
+    assert via(server, "batch", "persona") == 3 and via(server, "chat", SERIAL) == 1
+
+
 def test_cached_requests_never_go_into_a_batch_and_max_size_cuts_batches(
     server: ScriptedLLM, chat_config: Callable[..., ChatConfig]
 ) -> None:

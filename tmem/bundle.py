@@ -1,16 +1,15 @@
-"""The dependency bundle: built once at the edge, passed down (STYLE.md §3).
+"""The clients a process builds once at the edge and passes down (STYLE.md §3).
 
-A :class:`BuildBundle` holds what a build needs — settings, the build-role chat model
-(cached, metered, concurrency-bounded), the embedder (cached), the working database and
-the vector store. Construction code receives the pieces it needs as arguments; it never
-builds a client itself.
+The build-role chat model (cached, metered, concurrency-bounded), the embedder (cached) and the
+vector store's location; a build's runtime (:mod:`tmem.build.runtime`), the query side and the
+evaluation assemble theirs from these. Construction code receives the pieces it needs as
+arguments; it never builds a client itself.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -18,16 +17,13 @@ from pydantic import BaseModel
 
 from tmem.prompts.base import Prompt
 from tmem.providers.base import ChatModel, Embedder
-from tmem.providers.llm_ledger import OperationUsage
 from tmem.settings import Role, Settings
 
 if TYPE_CHECKING:
     import duckdb
 
     from tmem.providers.chat import OpenAIChatModel
-    from tmem.providers.journal import WorkJournal
     from tmem.providers.llm_ledger import MeteredChatModel
-    from tmem.store.lance import VectorStore
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -125,82 +121,3 @@ def embedder_for(settings: Settings, con: duckdb.DuckDBPyConnection | None, *, t
     from tmem.store.embed_cache import DuckEmbeddingCache
 
     return CachedEmbedder(inner, DuckEmbeddingCache(con))
-
-
-@dataclass(frozen=True)
-class BuildBundle:
-    settings: Settings
-    run_id: str
-    con: duckdb.DuckDBPyConnection  # the working DB; on a Dask worker, the run's read-only exchange file
-    chat: ChatModel
-    embedder: Embedder
-    journal: WorkJournal | None = None  # set on a Dask worker: what it would have written to the store
-
-    def usage(self) -> dict[str, OperationUsage]:
-        """This run's LLM usage per operation, from the ledger."""
-        from tmem.store.llm_cache import DuckUsageLedger
-
-        return DuckUsageLedger(self.con).summary(self.run_id)
-
-    def vectors(self) -> VectorStore:
-        from tmem.store.lance import VectorStore
-
-        return VectorStore(lance_uri(self.settings), dim=self.embedder.dim)
-
-
-def open_build_bundle(settings: Settings, run_id: str) -> BuildBundle:
-    from tmem.store.duck import connect
-
-    con = connect(settings.store)
-    return BuildBundle(
-        settings=settings,
-        run_id=run_id,
-        con=con,
-        chat=chat_model_for(settings, "build", con, run_id),
-        embedder=embedder_for(settings, con),
-    )
-
-
-def open_worker_bundle(settings: Settings, run_id: str, exchange: Path) -> BuildBundle:
-    """A bundle for a process that must not write the store (a Dask worker).
-
-    Turns and cache hits come from the run's exchange file, opened read-only; new answers,
-    ledger rows and embeddings go to the bundle's journal, which the publisher writes.
-    """
-    from tmem.providers.chat import ChatConfig, OpenAIChatModel
-    from tmem.providers.embed import CachedEmbedder, SentenceTransformerEmbedder
-    from tmem.providers.journal import (
-        JournalingEmbeddingCache,
-        JournalingResponseCache,
-        JournalingUsageLedger,
-        WorkJournal,
-    )
-    from tmem.providers.llm_ledger import CachedChatModel
-    from tmem.store.embed_cache import DuckEmbeddingCache
-    from tmem.store.exchange import check_worker_settings, open_exchange
-    from tmem.store.llm_cache import DuckResponseCache
-
-    con = open_exchange(exchange)
-    try:
-        check_worker_settings(con, exchange, settings)
-    except BaseException:
-        con.close()
-        raise
-    journal = WorkJournal()
-    cached = CachedChatModel(
-        OpenAIChatModel(ChatConfig.from_settings(settings, "build")),
-        cache=JournalingResponseCache(DuckResponseCache(con), journal),
-        ledger=JournalingUsageLedger(journal),
-        run_id=run_id,
-    )
-    inner = SentenceTransformerEmbedder(
-        settings.embedding_model, batch_size=settings.embedding_batch_size, device=settings.embedding_device
-    )
-    return BuildBundle(
-        settings=settings,
-        run_id=run_id,
-        con=con,
-        chat=BoundedChatModel(cached, settings.llm_concurrency),
-        embedder=CachedEmbedder(inner, JournalingEmbeddingCache(DuckEmbeddingCache(con), journal)),
-        journal=journal,
-    )

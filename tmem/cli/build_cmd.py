@@ -78,6 +78,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
     apply_process_defaults()
     from flows.build_memory import build_memory  # Prefect is imported only when a build runs
+    from tmem.build.spec import BuildSpec
     from tmem.providers.local_llm import LocalModelError, provider_endpoint, resolve_provider
 
     store = resolve_store(args, ctx)
@@ -93,8 +94,10 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
                 print(f"LLM: the embedded model {embedded.model} at {embedded.base_url} (TMEM_LLM_PROVIDER="
                       f"{settings.llm_provider}); a tiny model that proves the pipeline, not the quality.",
                       file=ctx.stderr)
-            summary = build_memory(store=str(store), conversation_ids=args.conversation,
-                                   only_changed=args.changed, label=label[:60])
+            # The build's spec: the settings read now (the embedded model's endpoint included), no secret.
+            spec = BuildSpec.resolve(store, ctx.settings_loader())
+            summary = build_memory(store=spec, conversation_ids=args.conversation, only_changed=args.changed,
+                                   label=label[:60])
     except LocalModelError as exc:
         print(f"error: {exc}", file=ctx.stderr)
         return 2

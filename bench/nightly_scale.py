@@ -1,0 +1,247 @@
+"""The nightly at archive scale: N synthetic conversations, a first full build, a warm rebuild, a
+no-change nightly, then a nightly in which every conversation gained one session.
+
+Steps, in a fresh temporary store and Prefect home:
+  1. write two LoCoMo-format archives (``bench/synthetic_archive.py``): N conversations of
+     ``--sessions`` sessions shaped like LoCoMo's (turns per session, words per turn), and the same
+     archive with one more session per conversation;
+  2. start the scripted OpenAI-compatible server in this process (synth responders, every answer
+     delayed by ``--latency-ms``) and a real Prefect server (``bench/prefect_servers.py``: the app
+     ``prefect server start`` runs, its API requests and websocket messages counted) on SQLite, or
+     ``--database postgres`` on a PostgreSQL cluster started here;
+  3. the phases, each a process of the code under test (``--repo``, default this checkout) with
+     ``TMEM_LLM_CONCURRENCY`` / ``TMEM_BUILD_CONCURRENCY`` giving ``--in-flight`` LLM calls in flight
+     (``--runner dask``: a local cluster of ``--workers`` processes, the in-flight calls split
+     between them): ``first`` (``tmem build``), ``warm`` (``tmem build`` again: no LLM call),
+     ``nochange`` (the ``nightly-rebuild`` flow with nothing changed), then ``tmem ingest`` of the
+     grown archive and ``nightly`` (the nightly flow rebuilding every conversation).
+
+Per phase: wall time (outside the process), LLM calls (requests the server answered), the LLM
+throughput bound (calls x latency / in flight), the measured embedding time (the texts this phase
+embedded for the first time, read from the snapshot's vector rows and the embedding cache: a
+random sample of at most ``--embed-sample`` of them embedded here, alone, with the build's model
+and batch size, scaled to all), Prefect API requests and websocket messages, and for the phases
+with no LLM call the wall time per conversation.
+
+    HF_HUB_OFFLINE=1 python bench/nightly_scale.py [--conversations 1000] [--sessions 3]
+        [--latency-ms 300] [--in-flight 64] [--runner threads|dask] [--workers 2]
+        [--database sqlite|postgres] [--repo PATH] [--label NAME] [--out PATH] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bench.benchstats import loadavg, machine_info  # noqa: E402
+from bench.prefect_servers import Postgres, PrefectServer  # noqa: E402
+from bench.synthetic_archive import write_archives  # noqa: E402
+from tmem.devtools import synth  # noqa: E402
+from tmem.devtools.scripted_llm import ScriptedLLM  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+NIGHTLY = (
+    "import json, sys\n"
+    "from tmem.settings import apply_process_defaults\n"
+    "apply_process_defaults()\n"
+    "from flows.nightly_rebuild import nightly_rebuild\n"
+    "result = nightly_rebuild(store=sys.argv[1], label='bench')\n"
+    "print(json.dumps(result, default=str))\n"
+)
+EMBED_MODEL = "all-MiniLM-L6-v2"
+
+
+def phase_env(args: argparse.Namespace, store: Path, llm_url: str, api_url: str, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TMEM_", "OPENAI_", "PREFECT_"))}
+    per_process = args.in_flight // (args.workers if args.runner == "dask" else 1)
+    env |= {
+        "PYTHONPATH": str(args.repo), "TMEM_STORE": str(store), "TMEM_LLM_BASE_URL": llm_url,
+        "TMEM_LLM_API_KEY": "sk-bench", "TMEM_LLM_CONCURRENCY": str(per_process),
+        "TMEM_BUILD_CONCURRENCY": str(args.in_flight), "TMEM_TASK_RUNNER": args.runner,
+        "TMEM_DASK_WORKERS": str(args.workers), "TMEM_DASK_THREADS_PER_WORKER": str(per_process),
+        "PREFECT_API_URL": api_url, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    }
+    return env
+
+
+def run(command: list[str], env: dict[str, str], log: Path, cwd: Path, timeout_s: float) -> tuple[dict[str, Any], float]:
+    """Run ``command``; its stdout parsed as JSON and its wall seconds (stderr kept in ``log``)."""
+    started = time.perf_counter()
+    proc = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    seconds = time.perf_counter() - started
+    log.write_text(proc.stderr, encoding="utf-8")
+    text = proc.stdout.strip()
+    try:
+        out: dict[str, Any] = json.loads(text if text.startswith("{") else text.splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise SystemExit(f"{' '.join(command[:4])} exited {proc.returncode}:\n{proc.stderr[-4000:]}\n"
+                         f"{proc.stdout[-1000:]}") from None
+    out["returncode"] = proc.returncode
+    return out, seconds
+
+
+def embedded_texts(store: Path) -> dict[str, str]:
+    """Embedding-cache key -> text of every vector row the current snapshot pins."""
+    import lancedb
+
+    from tmem.providers.embed import embedding_key
+    from tmem.store.snapshot import current_snapshot
+
+    info = current_snapshot(store)
+    if info is None:
+        return {}
+    table = lancedb.connect(info.lance_uri).open_table("vectors", version=info.lance_versions["vectors"])
+    texts = table.to_arrow().column("text").to_pylist()
+    return {embedding_key(EMBED_MODEL, t): t for t in texts}
+
+
+def cached_keys(store: Path) -> set[str]:
+    from tmem.store.duck import open_read_only
+
+    con = open_read_only(store / "work.duckdb", "benchmark")
+    try:
+        return {str(r[0]) for r in con.execute("SELECT text_hash FROM embedding_cache").fetchall()}
+    finally:
+        con.close()
+
+
+def embedding_seconds(texts: list[str], sample: int, seed: int) -> dict[str, Any]:
+    """Embed a random sample of ``texts`` alone (the build's model, batch 64); seconds scaled to all."""
+    from tmem.providers.embed import SentenceTransformerEmbedder
+
+    if not texts:
+        return {"texts": 0, "seconds": 0.0, "sampled": 0}
+    chosen = random.Random(seed).sample(texts, min(sample, len(texts)))
+    embedder = SentenceTransformerEmbedder(EMBED_MODEL, batch_size=64)
+    embedder.embed(chosen[:64])  # load the model and warm up
+    started = time.perf_counter()
+    embedder.embed(chosen)
+    took = time.perf_counter() - started
+    return {"texts": len(texts), "sampled": len(chosen), "sample_seconds": round(took, 2),
+            "seconds": round(took * len(texts) / len(chosen), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--conversations", type=int, default=1000)
+    parser.add_argument("--sessions", type=int, default=3, help="sessions per conversation before the nightly")
+    parser.add_argument("--latency-ms", type=float, default=300.0)
+    parser.add_argument("--in-flight", type=int, default=64, help="LLM calls in flight, over all processes")
+    parser.add_argument("--runner", choices=("threads", "dask"), default="threads")
+    parser.add_argument("--workers", type=int, default=2, help="Dask worker processes (--runner dask)")
+    parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--repo", type=Path, default=REPO, help="the tmem checkout to measure")
+    parser.add_argument("--phases", default="first,warm,nochange,nightly")
+    parser.add_argument("--embed-sample", type=int, default=3000)
+    parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--timeout-s", type=float, default=4 * 3600)
+    parser.add_argument("--label", default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true", help="leave the temporary directory on disk")
+    args = parser.parse_args()
+    args.repo = args.repo.resolve()
+    label = args.label or f"{args.runner}-{args.database}-{args.conversations}"
+    out_path = args.out or RESULTS / f"nightly_scale-{label}.json"
+    phases = args.phases.split(",")
+    commit = subprocess.run(["git", "-C", str(args.repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    report: dict[str, Any] = {
+        "label": label, "repo": str(args.repo), "commit": commit, "started_at": datetime.now(UTC).isoformat(),
+        "machine": machine_info(), "loadavg_start": loadavg(),
+        "settings": {k: v for k, v in vars(args).items() if k not in {"out", "repo"}}, "phases": {},
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="tmem-nightly-scale-"))
+    tmp.chmod(0o755)  # the postgres user runs its cluster under it
+    store, home = tmp / "store", tmp / "prefect-home"
+    home.mkdir()
+    archive, grown, facts = write_archives(tmp, args.conversations, args.sessions, args.seed)
+    report["archive"] = facts
+    print(f"{label}: {facts['conversations']} conversations, {facts['turns']} turns (+{facts['turns_grown'] - facts['turns']} "
+          f"in the grown archive); code {args.repo} @ {commit}", flush=True)
+    postgres = Postgres(tmp / "postgres") if args.database == "postgres" else None
+    server_env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
+        "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres.url if postgres else f"sqlite+aiosqlite:///{home}/prefect.db",
+    }
+    prefect = PrefectServer(server_env, tmp / "prefect-server.log")
+    llm = ScriptedLLM(synth.RESPONDERS, use_registry=False, latency_ms=args.latency_ms).start()
+    env = phase_env(args, store, llm.url, prefect.api_url, home)
+    python = sys.executable
+
+    def phase(name: str, command: list[str], conversations: int) -> dict[str, Any]:
+        before_keys, before_requests, before_api = (cached_keys(store) if (store / "work.duckdb").exists() else set(),
+                                                    len(llm.requests), prefect.counts())
+        load = loadavg()
+        out, wall = run(command, env, tmp / f"{name}.log", args.repo, args.timeout_s)
+        api = prefect.counts() - before_api
+        calls = len(llm.requests) - before_requests
+        texts = embedded_texts(store)
+        new = [t for k, t in texts.items() if k not in before_keys]
+        build = out.get("build", out) if name in {"nochange", "nightly"} else out
+        row: dict[str, Any] = {
+            "wall_s": round(wall, 1), "flow_s": (build or {}).get("seconds"), "conversations": conversations,
+            "llm_calls": calls, "llm_bound_s": round(calls * args.latency_ms / 1000 / args.in_flight, 1),
+            "embedding": embedding_seconds(new, args.embed_sample, args.seed),
+            "prefect_http": api.get("http", 0), "prefect_ws_messages": api.get("ws_messages", 0),
+            "prefect_top": dict(Counter({k: v for k, v in api.items() if k not in {"http", "ws_messages"}}).most_common(8)),
+            "status": (build or {}).get("status", "no build"), "returncode": out["returncode"], "loadavg": load,
+            "failures": len((build or {}).get("failures", [])),
+        }
+        row["bound_s"] = max(row["llm_bound_s"], row["embedding"]["seconds"])
+        row["ratio_to_bound"] = round(wall / row["bound_s"], 2) if row["bound_s"] else None
+        row["wall_per_conversation_s"] = round(wall / max(1, conversations), 3)
+        report["phases"][name] = row
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(report, indent=1))
+        print(f"  {name:<9} wall {wall:7.1f} s  calls {calls:6d}  LLM bound {row['llm_bound_s']:6.1f} s  embedding "
+              f"{row['embedding']['seconds']:6.1f} s ({len(new)} texts)  Prefect {row['prefect_http']} http + "
+              f"{row['prefect_ws_messages']} ws  {row['wall_per_conversation_s']:.3f} s/conversation  "
+              f"[{row['status']}, load {load[0]}]", flush=True)
+        return row
+
+    try:
+        tmem = [python, "-m", "tmem"]
+        _, seconds = run([*tmem, "ingest", str(archive), "--store", str(store), "--json"], env, tmp / "ingest.log",
+                         args.repo, args.timeout_s)
+        report["ingest_s"] = round(seconds, 1)
+        n = args.conversations
+        if "first" in phases:
+            phase("first", [*tmem, "build", "--store", str(store), "--json"], n)
+        if "warm" in phases:
+            phase("warm", [*tmem, "build", "--store", str(store), "--json"], n)
+        if "nochange" in phases:
+            phase("nochange", [python, "-c", NIGHTLY, str(store)], n)
+        if "nightly" in phases:
+            run([*tmem, "ingest", str(grown), "--store", str(store), "--json"], env, tmp / "ingest-grown.log",
+                args.repo, args.timeout_s)
+            phase("nightly", [python, "-c", NIGHTLY, str(store)], n)
+    finally:
+        llm.stop()
+        prefect.stop()
+        if postgres is not None:
+            postgres.stop()
+        report["loadavg_end"] = loadavg()
+        out_path.write_text(json.dumps(report, indent=1))
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}")
+    print(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""The runtime of one build in one process, opened from its :class:`~tmem.build.spec.BuildSpec`.
+
+A :class:`BuildRuntime` is what the stages use (STYLE.md §3): the settings, the build-role chat
+model (cached, metered, bounded to ``TMEM_LLM_CONCURRENCY`` calls in flight in this process),
+the embedder (cached), the stage-result cache, and the database behind the caches. Opening one
+loads the model clients and the migrations, so a process opens it once per run:
+:func:`runtime_for` memoises it on the values a task receives — the spec, the run id and, on a
+Dask worker, the path of the run's exchange file.
+
+Two kinds:
+
+* the **publisher's** (no exchange): the working database ``work.duckdb`` — this process is the
+  store's single writer;
+* a **worker's** (``exchange`` given): turns and cache hits come from the run's exchange file,
+  opened read-only (any number of processes may); what the worker would have written — new
+  answers, ledger rows, embeddings — goes to a journal the publisher writes
+  (:mod:`tmem.store.exchange`). Stage results go straight to the store's files.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tmem.build.spec import BuildSpec, build_fingerprint
+from tmem.bundle import BoundedChatModel, chat_model_for, embedder_for, lance_uri
+from tmem.providers.base import ChatModel, Embedder
+from tmem.providers.llm_ledger import OperationUsage
+from tmem.settings import Settings
+from tmem.store.stage_cache import StageCache
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from tmem.providers.journal import JournalBatch, WorkJournal
+    from tmem.store.lance import VectorStore
+
+
+@dataclass(frozen=True)
+class BuildRuntime:
+    spec: BuildSpec
+    settings: Settings
+    run_id: str
+    con: duckdb.DuckDBPyConnection  # the working DB; on a Dask worker, the run's read-only exchange file
+    chat: ChatModel
+    embedder: Embedder
+    stages: StageCache
+    fingerprint: str
+    journal: WorkJournal | None = None  # set on a Dask worker: what it would have written to the store
+
+    @property
+    def store(self) -> Path:
+        return self.spec.store_path
+
+    def usage(self) -> dict[str, OperationUsage]:
+        """This run's LLM usage per operation, from the ledger."""
+        from tmem.store.llm_cache import DuckUsageLedger
+
+        return DuckUsageLedger(self.con).summary(self.run_id)
+
+    def vectors(self) -> VectorStore:
+        from tmem.store.lance import VectorStore
+
+        return VectorStore(lance_uri(self.settings), dim=self.embedder.dim)
+
+
+def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
+    """The runtime over the working database (this process becomes the store's writer)."""
+    from tmem.store.duck import connect
+
+    settings = spec.load_settings()
+    con = connect(settings.store)
+    chat = chat_model_for(settings, "build", con, run_id)
+    return BuildRuntime(
+        spec=spec, settings=settings, run_id=run_id, con=con, chat=chat, embedder=embedder_for(settings, con),
+        stages=StageCache.of_store(settings.store), fingerprint=build_fingerprint(settings, chat.model_name),
+    )
+
+
+def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRuntime:
+    """The runtime of a process that must not write the working database (a Dask worker)."""
+    from tmem.providers.chat import ChatConfig, OpenAIChatModel
+    from tmem.providers.embed import CachedEmbedder, SentenceTransformerEmbedder
+    from tmem.providers.journal import (
+        JournalingEmbeddingCache,
+        JournalingResponseCache,
+        JournalingUsageLedger,
+        WorkJournal,
+    )
+    from tmem.providers.llm_ledger import CachedChatModel
+    from tmem.store.embed_cache import DuckEmbeddingCache
+    from tmem.store.exchange import check_worker_settings, open_exchange
+    from tmem.store.llm_cache import DuckResponseCache
+
+    settings = spec.load_settings()
+    con = open_exchange(exchange)
+    try:
+        check_worker_settings(con, exchange, settings)
+    except BaseException:
+        con.close()
+        raise
+    journal = WorkJournal()
+    cached = CachedChatModel(
+        OpenAIChatModel(ChatConfig.from_settings(settings, "build")),
+        cache=JournalingResponseCache(DuckResponseCache(con), journal),
+        ledger=JournalingUsageLedger(journal),
+        run_id=run_id,
+    )
+    inner = SentenceTransformerEmbedder(
+        settings.embedding_model, batch_size=settings.embedding_batch_size, device=settings.embedding_device
+    )
+    return BuildRuntime(
+        spec=spec, settings=settings, run_id=run_id, con=con, chat=BoundedChatModel(cached, settings.llm_concurrency),
+        embedder=CachedEmbedder(inner, JournalingEmbeddingCache(DuckEmbeddingCache(con), journal)),
+        stages=StageCache.of_store(settings.store), fingerprint=build_fingerprint(settings, cached.model_name),
+        journal=journal,
+    )
+
+
+# ---- one runtime per (spec, run, exchange) in this process ----------------------------------
+
+_lock = threading.Lock()
+_runtimes: dict[tuple[str, str, str | None], BuildRuntime] = {}
+
+
+def _key(spec: BuildSpec, run_id: str, exchange: str | None) -> tuple[str, str, str | None]:
+    return spec.model_dump_json(), run_id, exchange
+
+
+def runtime_for(spec: BuildSpec, run_id: str, exchange: str | None = None) -> BuildRuntime:
+    """The runtime of this spec and run in this process, opened on first use: the publisher's, or
+    with ``exchange`` (the run's exchange file) a worker's."""
+    key = _key(spec, run_id, exchange)
+    with _lock:
+        found = _runtimes.get(key)
+        if found is None:
+            found = (open_worker_runtime(spec, run_id, Path(exchange)) if exchange is not None
+                     else open_publisher_runtime(spec, run_id))
+            _runtimes[key] = found
+        return found
+
+
+def drain_journal(spec: BuildSpec, run_id: str, exchange: str | None) -> JournalBatch | None:
+    """What this process's runtime journaled since the last drain (None: it writes the store itself)."""
+    with _lock:
+        found = _runtimes.get(_key(spec, run_id, exchange))
+    if found is None or found.journal is None:
+        return None
+    return found.journal.drain()
+
+
+def release(spec: BuildSpec, run_id: str, exchange: str | None = None) -> JournalBatch | None:
+    """Close the runtime of a finished run; returns what its journal still held (a worker's)."""
+    with _lock:
+        found = _runtimes.pop(_key(spec, run_id, exchange), None)
+    if found is None:
+        return None
+    left = found.journal.drain() if found.journal is not None else None
+    found.con.close()
+    return left
