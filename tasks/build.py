@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Any
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingResult
 from prefect.futures import PrefectFuture
 from prefect.logging import get_run_logger
@@ -34,8 +33,10 @@ def _orchestration_failure(task: Any, task_run: Any, state: Any) -> bool:
 # One retry of the whole conversation: finished stage units come from the stage cache, so a retry after
 # a transient orchestration error only redoes what was lost. No tags: each tag costs every task run a
 # concurrency-lease round trip to the API; LLM calls are bounded in process (TMEM_LLM_CONCURRENCY).
+# Prefect's default cache policy (inputs, source, run id): the result is kept only where the user asks
+# Prefect to persist results (PREFECT_RESULTS_PERSIST_BY_DEFAULT), never across runs.
 @task(name="build-conversation", task_run_name="conversation/{conversation_id}", retries=1, retry_delay_seconds=5,
-      retry_condition_fn=_orchestration_failure, cache_policy=NO_CACHE)
+      retry_condition_fn=_orchestration_failure)
 def build_conversation_task(spec: BuildSpec, run_id: str, conversation_id: str,
                             exchange: str | None = None) -> ConversationBuild:
     rt = runtime_for(spec, run_id, exchange)

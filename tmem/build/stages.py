@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from pydantic import TypeAdapter
 
 from tmem.construct import BuildNote, QuarantinedUnit, StageOutcome
+from tmem.providers.scope import conversation_scope
 from tmem.store.stage_cache import stage_key
 
 if TYPE_CHECKING:
@@ -169,7 +170,8 @@ class ConversationStages:
     def _with_retries(self, unit: Unit[T]) -> StageOutcome[T]:
         for attempt in range(1, RETRIES + 2):
             try:
-                return unit.run()
+                with conversation_scope(self.conversation_id):  # its calls' ledger rows name it (tmem forget)
+                    return unit.run()
             except Exception as exc:  # any failure, as a Prefect task retry; the last attempt raises it
                 if attempt > RETRIES:
                     raise

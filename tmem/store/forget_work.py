@@ -118,28 +118,37 @@ def _count(con: duckdb.DuckDBPyConnection, sql: str, params: Mapping[str, object
     return int(row[0]) if row else 0
 
 
+def scrubbed_run(inputs_json: str | None, failures_json: str | None, conversation_id: str) -> tuple[str, str | None] | None:
+    """A ``build_runs`` row's inputs and failures (JSON) without the conversation, or None when they do
+    not name it."""
+    inputs = json.loads(inputs_json or "{}")
+    failures = json.loads(failures_json) if failures_json else None
+    changed = False
+    ids = inputs.get("conversation_ids")
+    if isinstance(ids, list) and conversation_id in ids:
+        inputs["conversation_ids"] = [i for i in ids if i != conversation_id]
+        changed = True
+    label = inputs.get("label")
+    if isinstance(label, str) and conversation_id in label:  # a label may join ids: any containing it goes
+        inputs["label"] = LABEL_REDACTED
+        changed = True
+    if isinstance(failures, list):
+        kept = [f for f in failures if not (isinstance(f, dict) and f.get("conversation_id") == conversation_id)]
+        if len(kept) != len(failures):
+            failures, changed = kept, True
+    if not changed:
+        return None
+    return (json.dumps(inputs, sort_keys=True, default=str),
+            None if failures is None else json.dumps(failures, sort_keys=True, default=str))
+
+
 def _runs_naming(con: duckdb.DuckDBPyConnection, conversation_id: str) -> list[tuple[str, str, str | None]]:
     """(run id, scrubbed inputs JSON, scrubbed failures JSON) of every run that names the conversation."""
     out: list[tuple[str, str, str | None]] = []
     for run_id, inputs_json, failures_json in con.execute("SELECT run_id, inputs, failures FROM build_runs").fetchall():
-        inputs = json.loads(inputs_json or "{}")
-        failures = json.loads(failures_json) if failures_json else None
-        changed = False
-        ids = inputs.get("conversation_ids")
-        if isinstance(ids, list) and conversation_id in ids:
-            inputs["conversation_ids"] = [i for i in ids if i != conversation_id]
-            changed = True
-        label = inputs.get("label")
-        if isinstance(label, str) and conversation_id in label:  # a label may join ids: any containing it goes
-            inputs["label"] = LABEL_REDACTED
-            changed = True
-        if isinstance(failures, list):
-            kept = [f for f in failures if not (isinstance(f, dict) and f.get("conversation_id") == conversation_id)]
-            if len(kept) != len(failures):
-                failures, changed = kept, True
-        if changed:
-            out.append((str(run_id), json.dumps(inputs, sort_keys=True, default=str),
-                        None if failures is None else json.dumps(failures, sort_keys=True, default=str)))
+        scrubbed = scrubbed_run(inputs_json, failures_json, conversation_id)
+        if scrubbed is not None:
+            out.append((str(run_id), *scrubbed))
     return out
 
 

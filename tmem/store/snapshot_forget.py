@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from tmem.errors import StoreError
 from tmem.store.conversation_image import IMAGE_FILE, IMAGE_TABLE, open_image_file, write_image_index
+from tmem.store.forget_work import scrubbed_run
 from tmem.store.snapshot import (
     MANIFEST,
     MEMORY_DB,
@@ -103,6 +104,25 @@ def _copy_images(con: duckdb.DuckDBPyConnection, source: Path, target: Path, con
     return len(placed), sum(int(p[3]) + int(p[4]) + int(p[5]) for p in placed)
 
 
+def _copy_scrubbed_runs(con: duckdb.DuckDBPyConnection, conversation_id: str) -> None:
+    """Fill ``main.build_runs`` (created empty) from ``old.build_runs`` with the conversation taken out of
+    each run's inputs and failures, so no byte of the old rows reaches the new file."""
+    columns = [str(r[0]) for r in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE database_name = 'old' AND table_name = 'build_runs' "
+        "ORDER BY column_index").fetchall()]
+    at_inputs, at_failures = columns.index("inputs"), columns.index("failures")
+    rows = []
+    for row in con.execute('SELECT * FROM old."build_runs" ORDER BY started_at').fetchall():
+        values = list(row)
+        scrubbed = scrubbed_run(values[at_inputs], values[at_failures], conversation_id)
+        if scrubbed is not None:
+            values[at_inputs], values[at_failures] = scrubbed
+        rows.append(values)
+    if rows:
+        marks = ", ".join("?" for _ in columns)
+        con.executemany(f'INSERT INTO main."build_runs" VALUES ({marks})', rows)  # noqa: S608 -- placeholders only
+
+
 def republish_without(
     store: Path, info: SnapshotInfo, conversation_id: str, *, lance_uri: str, lance_versions: dict[str, int],
     now: datetime, vector_keys: Mapping[str, str] | None = None, vector_key_absent: str = "",
@@ -122,8 +142,12 @@ def republish_without(
             if name == IMAGE_TABLE:
                 continue
             where = " WHERE conversation_id <> ? ORDER BY conversation_id" if scoped else ""
+            if name == "build_runs":
+                where = " WHERE false"
             con.execute(f'CREATE TABLE main."{name}" AS SELECT * FROM old."{name}"{where}',  # noqa: S608 -- names from the catalog
                         [conversation_id] if scoped else [])
+            if name == "build_runs":  # the records copied at publish name it in their inputs: written scrubbed
+                _copy_scrubbed_runs(con, conversation_id)
         if IMAGE_TABLE in _tables(con, "old") and (info.path / IMAGE_FILE).is_file():
             copied = _copy_images(con, info.path, tmp, conversation_id, vector_keys, vector_key_absent)
         con.execute("DETACH old")
