@@ -47,7 +47,7 @@ class Receiver:
         received = self.bodies
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
                 received.append(json.loads(self.rfile.read(length) or b"{}"))
                 self.send_response(200)
@@ -85,7 +85,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         deadline = time.monotonic() + 180
         while True:
             try:
-                with urllib.request.urlopen(f"{api}/health", timeout=5):  # noqa: S310 -- the local server
+                with urllib.request.urlopen(f"{api}/health", timeout=5):
                     break
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, (home / "server.log").read_text()[-3000:]

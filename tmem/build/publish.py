@@ -1,4 +1,12 @@
-"""The single publisher: write built memories and vectors, then flip the snapshot pointer."""
+"""The single publisher: write built memories and vectors, then flip the snapshot pointer.
+
+A conversation's **build id** is a digest of what readers get of it: its memory and the embedding
+model and view rules its vectors come from. A built conversation whose build id is the one already
+recorded for it, and which the current snapshot publishes, is unchanged: its rows, vectors and
+embedding ownerships are already in the store, so the publish does not write them again (a warm
+rebuild or a nightly that touched few conversations costs what changed, not the archive). Its
+build record and quarantine state are updated like any other's.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +17,15 @@ from tmem.build.conversation import ConversationBuild
 from tmem.build.runtime import BuildRuntime
 from tmem.bundle import VECTOR_TABLE, lance_uri, pinned_lance_uri
 from tmem.ids import content_hash
+from tmem.index.views import VIEWS_VERSION
 from tmem.store.embed_cache import record_embedding_owners
-from tmem.store.memory_rows import record_memory_build, replace_memories
-from tmem.store.quarantine import clear_quarantine
-from tmem.store.snapshot import publish_snapshot
+from tmem.store.memory_rows import record_memory_builds, recorded_builds, replace_memories
+from tmem.store.quarantine import clear_quarantines
+from tmem.store.snapshot import current_snapshot, publish_snapshot
+
+
+def build_id_of(build: ConversationBuild, embedding_model: str) -> str:
+    return content_hash(build.memory.model_dump(mode="json"), embedding_model, VIEWS_VERSION)[:16]
 
 
 def publish_builds(rt: BuildRuntime, builds: Mapping[str, ConversationBuild]) -> str:
@@ -20,16 +33,21 @@ def publish_builds(rt: BuildRuntime, builds: Mapping[str, ConversationBuild]) ->
     memory rows in one transaction, then each build's record (clearing any quarantine of the
     conversation), then the snapshot and its pointer. Returns the snapshot id."""
     order = sorted(builds)
-    # One Lance version for the whole publish; readers only see it once the manifest pins it.
-    version = rt.vectors().replace_conversations(VECTOR_TABLE, {cid: builds[cid].vectors for cid in order})
-    replace_memories(rt.con, [builds[cid].memory for cid in order])
-    record_embedding_owners(rt.con, rt.embedder.model_name, {cid: [r.text for r in builds[cid].vectors] for cid in order})
+    ids = {cid: build_id_of(builds[cid], rt.embedder.model_name) for cid in order}
+    current = current_snapshot(rt.store)
+    published = current.conversations if current is not None else {}
+    recorded = recorded_builds(rt.con)
+    changed = [cid for cid in order if not (recorded.get(cid) == published.get(cid) == ids[cid])]
+    vectors = rt.vectors()
+    # One Lance version for the whole publish; readers only see it once the manifest pins it. Nothing
+    # changed: the table's latest version, which holds every published row.
+    version = (vectors.replace_conversations(VECTOR_TABLE, {cid: builds[cid].vectors for cid in changed})
+               if changed or not vectors.has_table(VECTOR_TABLE) else vectors.version(VECTOR_TABLE))
+    replace_memories(rt.con, [builds[cid].memory for cid in changed])
+    record_embedding_owners(rt.con, rt.embedder.model_name, {cid: [r.text for r in builds[cid].vectors] for cid in changed})
     now = datetime.now(UTC)
-    for cid in order:
-        build = builds[cid]
-        build_id = content_hash(build.memory.model_dump(mode="json"))[:16]
-        record_memory_build(rt.con, cid, build_id, rt.run_id, build.watermark_turn_seq, now)
-        clear_quarantine(rt.con, cid, rt.run_id, now)  # built: whatever quarantined it is resolved
+    record_memory_builds(rt.con, [(cid, ids[cid], builds[cid].watermark_turn_seq) for cid in order], rt.run_id, now)
+    clear_quarantines(rt.con, order, rt.run_id, now)  # built: whatever quarantined them is resolved
     info = publish_snapshot(rt.con, rt.settings.store, lance_uri=pinned_lance_uri(lance_uri(rt.settings)),
                             lance_versions={VECTOR_TABLE: version}, now=now,
                             image_vectors=rt.settings.snapshot_image_vectors)

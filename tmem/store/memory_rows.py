@@ -7,7 +7,7 @@ succeeded: a failed build never touches the rows of the last good one.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -116,19 +116,26 @@ def memory_frames(memory: Memory) -> dict[str, pl.DataFrame]:
 
 
 def replace_memories(con: duckdb.DuckDBPyConnection, memories: Iterable[Memory]) -> None:
-    """Replace the stored memory of each given conversation, all in one transaction."""
+    """Replace the stored memory of each given conversation, all in one transaction: per table one
+    DELETE of the conversations' rows and one INSERT of their new rows, however many conversations
+    (a nightly republishes thousands; a statement per conversation and table cost ~25 ms each)."""
     memories = list(memories)
+    if not memories:
+        return
+    ids = [m.conversation_id for m in memories]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"replace_memories: a conversation is given twice: {sorted({i for i in ids if ids.count(i) > 1})}")
+    frames = [memory_frames(m) for m in memories]
     con.execute("BEGIN TRANSACTION")
     try:
-        for memory in memories:
-            frames = memory_frames(memory)
-            for name in MEMORY_TABLES:
-                con.execute(f"DELETE FROM {name} WHERE conversation_id = ?", [memory.conversation_id])  # noqa: S608
-                frame = frames[name]
-                if frame.height:
-                    con.register("_frame", frame)
-                    con.execute(f"INSERT INTO {name} SELECT * FROM _frame")  # noqa: S608
-                    con.unregister("_frame")
+        for name in MEMORY_TABLES:
+            con.execute(f"DELETE FROM {name} WHERE list_contains(?, conversation_id)", [ids])  # noqa: S608
+            frame = pl.concat([f[name] for f in frames if f[name].height], how="vertical") if any(
+                f[name].height for f in frames) else None
+            if frame is not None:
+                con.register("_frame", frame)
+                con.execute(f"INSERT INTO {name} SELECT * FROM _frame")  # noqa: S608
+                con.unregister("_frame")
     except duckdb.Error:
         con.execute("ROLLBACK")
         raise
@@ -138,10 +145,21 @@ def replace_memories(con: duckdb.DuckDBPyConnection, memories: Iterable[Memory])
 def record_memory_build(
     con: duckdb.DuckDBPyConnection, conversation_id: str, build_id: str, run_id: str, watermark_turn_seq: int, at: datetime
 ) -> None:
-    con.execute(
-        "INSERT OR REPLACE INTO memory_builds VALUES (?, ?, ?, ?, ?)",
-        [conversation_id, build_id, run_id, watermark_turn_seq, at],
-    )
+    record_memory_builds(con, [(conversation_id, build_id, watermark_turn_seq)], run_id, at)
+
+
+def record_memory_builds(
+    con: duckdb.DuckDBPyConnection, builds: Sequence[tuple[str, str, int]], run_id: str, at: datetime
+) -> None:
+    """Record (conversation id, build id, watermark turn seq) of each published build, in one statement."""
+    if builds:
+        con.executemany("INSERT OR REPLACE INTO memory_builds VALUES (?, ?, ?, ?, ?)",
+                        [[cid, build_id, run_id, watermark, at] for cid, build_id, watermark in builds])
+
+
+def recorded_builds(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Conversation id -> the build id last recorded for it."""
+    return {str(c): str(b) for c, b in con.execute("SELECT conversation_id, build_id FROM memory_builds").fetchall()}
 
 
 def _list(value: Any) -> tuple[str, ...]:

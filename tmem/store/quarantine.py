@@ -130,10 +130,17 @@ def record_unit_quarantines(
 def clear_quarantine(con: duckdb.DuckDBPyConnection, conversation_id: str, run_id: str, at: datetime) -> int:
     """Mark cleared the conversation's active records of earlier runs: run ``run_id`` built and published
     it (the units it left out again were recorded by it); returns rows cleared."""
+    return clear_quarantines(con, [conversation_id], run_id, at)
+
+
+def clear_quarantines(con: duckdb.DuckDBPyConnection, conversation_ids: Sequence[str], run_id: str, at: datetime) -> int:
+    """:func:`clear_quarantine` of several published conversations, in one statement."""
+    if not conversation_ids:
+        return 0
     rows = con.execute(
         "UPDATE quarantine SET state = 'cleared', cleared_at = ?, cleared_by_run = ? "
-        "WHERE conversation_id = ? AND state = 'active' AND run_id <> ? RETURNING run_id",
-        [at, run_id, conversation_id, run_id],
+        "WHERE list_contains(?, conversation_id) AND state = 'active' AND run_id <> ? RETURNING run_id",
+        [at, run_id, list(conversation_ids), run_id],
     ).fetchall()
     return len(rows)
 

@@ -1,0 +1,96 @@
+"""The publisher (tmem/build/publish.py) writes what changed: a rebuilt conversation whose memory and
+vectors are the ones published is not written again, yet every publish makes a whole new snapshot;
+a conversation whose build id changed (its memory, or the embedding of its views) is rewritten."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.fakes import FakeChatModel
+from tests.flow_helpers import ingest_slice
+from tests.query_store import HashEmbedder
+from tmem.build.conversation import build_conversation
+from tmem.build.publish import build_id_of, publish_builds
+from tmem.build.runtime import BuildRuntime
+from tmem.build.spec import BuildSpec, build_fingerprint
+from tmem.settings import load_settings
+from tmem.store.duck import connect
+from tmem.store.lance import VectorStore
+from tmem.store.memory_image import diff_images, memory_image
+from tmem.store.snapshot import current_snapshot
+from tmem.store.stage_cache import StageCache
+
+IDS = ("conv-26", "conv-30")
+
+
+class RenamedEmbedder(HashEmbedder):
+    """The same vectors under another model name (as if TMEM_EMBEDDING_MODEL changed)."""
+
+    @property
+    def model_name(self) -> str:
+        return "hash-renamed"
+
+
+def runtime(store: Path, run_id: str, embedder: HashEmbedder) -> BuildRuntime:
+    settings = load_settings(store=store)
+    chat = FakeChatModel()
+    return BuildRuntime(spec=BuildSpec.resolve(store, settings), settings=settings, run_id=run_id, con=connect(store),
+                        chat=chat, embedder=embedder, stages=StageCache.of_store(store),
+                        fingerprint=build_fingerprint(settings, chat.model_name))
+
+
+def publish(store: Path, run_id: str, embedder: HashEmbedder, ids: tuple[str, ...] = IDS) -> tuple[str, dict[str, str]]:
+    rt = runtime(store, run_id, embedder)
+    try:
+        builds = {cid: build_conversation(rt, cid) for cid in ids}
+        return publish_builds(rt, builds), {cid: build_id_of(b, embedder.model_name) for cid, b in builds.items()}
+    finally:
+        rt.con.close()
+
+
+def versions(store: Path) -> list[int]:
+    return VectorStore(store / "lance", dim=64).list_versions("vectors")
+
+
+def memory_rows_written(store: Path) -> int:
+    con = connect(store, read_only=True)
+    try:
+        row = con.execute("SELECT count(*) FROM memory_builds").fetchone()
+        return int(row[0]) if row else 0
+    finally:
+        con.close()
+
+
+def test_an_unchanged_conversation_is_not_written_again_and_a_changed_one_is(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ingest_slice(store, tmp_path / "s1.json", {cid: 1 for cid in IDS})
+    first, first_ids = publish(store, "r1", HashEmbedder())
+    before = current_snapshot(store)
+    assert before is not None and before.snapshot_id == first and before.conversations == first_ids
+    lance_before = versions(store)
+
+    again, again_ids = publish(store, "r2", HashEmbedder())  # the same turns, the same models: nothing changed
+
+    after = current_snapshot(store)
+    assert after is not None and after.snapshot_id == again != first  # a whole new snapshot all the same
+    assert again_ids == first_ids and after.conversations == before.conversations
+    assert versions(store) == lance_before  # not one vector row written
+    assert after.lance_versions == {"vectors": lance_before[-1]}
+    for cid in IDS:
+        assert diff_images(memory_image(after, cid), memory_image(before, cid)) == []
+    assert memory_rows_written(store) == len(IDS)
+
+    # conv-30 gains a session: only it is rewritten (one new Lance version), conv-26 stays as it was.
+    ingest_slice(store, tmp_path / "s2.json", {"conv-26": 1, "conv-30": 2})
+    _, grown_ids = publish(store, "r3", HashEmbedder())
+    grown = current_snapshot(store)
+    assert grown is not None and len(versions(store)) > len(lance_before)
+    assert grown_ids["conv-26"] == first_ids["conv-26"] and grown_ids["conv-30"] != first_ids["conv-30"]
+    assert diff_images(memory_image(grown, "conv-26"), memory_image(after, "conv-26")) == []
+    assert memory_image(grown, "conv-30").rows["scenes"] != memory_image(after, "conv-30").rows["scenes"]
+
+    # Another embedding model: the memory is the same, its vectors are not, so both are republished.
+    lance_grown = versions(store)
+    _, renamed_ids = publish(store, "r4", RenamedEmbedder())
+    assert all(renamed_ids[cid] != grown_ids[cid] for cid in IDS)
+    assert len(versions(store)) > len(lance_grown)
