@@ -25,10 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tmem.build.spec import BuildSpec, build_fingerprint
-from tmem.bundle import BoundedChatModel, chat_model_for, embedder_for, lance_uri
+from tmem.bundle import BoundedChatModel, chat_model_for, lance_uri
 from tmem.providers.base import ChatModel, Embedder
+from tmem.providers.embed import CachedEmbedder, SentenceTransformerEmbedder
+from tmem.providers.embed_queue import CoalescingEmbedder
 from tmem.providers.llm_ledger import OperationUsage
 from tmem.settings import Settings
+from tmem.store.embed_cache import DuckEmbeddingCache
 from tmem.store.stage_cache import StageCache
 
 if TYPE_CHECKING:
@@ -49,6 +52,7 @@ class BuildRuntime:
     stages: StageCache
     fingerprint: str
     journal: WorkJournal | None = None  # set on a Dask worker: what it would have written to the store
+    embed_queue: CoalescingEmbedder | None = None  # the one worker every conversation's new texts go through
 
     @property
     def store(self) -> Path:
@@ -73,16 +77,22 @@ def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     settings = spec.load_settings()
     con = connect(settings.store)
     chat = chat_model_for(settings, "build", con, run_id)
+    queue = CoalescingEmbedder(_sentence_transformer(settings))
     return BuildRuntime(
-        spec=spec, settings=settings, run_id=run_id, con=con, chat=chat, embedder=embedder_for(settings, con),
-        stages=StageCache.of_store(settings.store), fingerprint=build_fingerprint(settings, chat.model_name),
+        spec=spec, settings=settings, run_id=run_id, con=con, chat=chat,
+        embedder=CachedEmbedder(queue, DuckEmbeddingCache(con)), stages=StageCache.of_store(settings.store),
+        fingerprint=build_fingerprint(settings, chat.model_name), embed_queue=queue,
     )
+
+
+def _sentence_transformer(settings: Settings) -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size,
+                                       device=settings.embedding_device)
 
 
 def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRuntime:
     """The runtime of a process that must not write the working database (a Dask worker)."""
     from tmem.providers.chat import ChatConfig, OpenAIChatModel
-    from tmem.providers.embed import CachedEmbedder, SentenceTransformerEmbedder
     from tmem.providers.journal import (
         JournalingEmbeddingCache,
         JournalingResponseCache,
@@ -90,7 +100,6 @@ def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRu
         WorkJournal,
     )
     from tmem.providers.llm_ledger import CachedChatModel
-    from tmem.store.embed_cache import DuckEmbeddingCache
     from tmem.store.exchange import check_worker_settings, open_exchange
     from tmem.store.llm_cache import DuckResponseCache
 
@@ -108,14 +117,12 @@ def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRu
         ledger=JournalingUsageLedger(journal),
         run_id=run_id,
     )
-    inner = SentenceTransformerEmbedder(
-        settings.embedding_model, batch_size=settings.embedding_batch_size, device=settings.embedding_device
-    )
+    queue = CoalescingEmbedder(_sentence_transformer(settings))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=BoundedChatModel(cached, settings.llm_concurrency),
-        embedder=CachedEmbedder(inner, JournalingEmbeddingCache(DuckEmbeddingCache(con), journal)),
+        embedder=CachedEmbedder(queue, JournalingEmbeddingCache(DuckEmbeddingCache(con), journal)),
         stages=StageCache.of_store(settings.store), fingerprint=build_fingerprint(settings, cached.model_name),
-        journal=journal,
+        journal=journal, embed_queue=queue,
     )
 
 
@@ -158,5 +165,7 @@ def release(spec: BuildSpec, run_id: str, exchange: str | None = None) -> Journa
     if found is None:
         return None
     left = found.journal.drain() if found.journal is not None else None
+    if found.embed_queue is not None:
+        found.embed_queue.close()
     found.con.close()
     return left
