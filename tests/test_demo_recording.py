@@ -225,9 +225,8 @@ def test_a_stale_recording_is_one_line_and_the_embedded_model_is_chosen(
     assert backend.kind == "embedded" and backend.base_url == "http://127.0.0.1:9/v1" and launcher.calls == 1
     assert backend.replay is None
     stale = [line for line in out.splitlines() if line.startswith("Note:")]
-    assert stale == [f"Note: recording is stale: item_extract prompt v{old} → v99; falling back "
-                     "to the embedded model (TMEM_LLM_BASE_URL for another; re-record: python -m tmem.demo "
-                     "--record-through URL)."]
+    assert stale == [f"Note: recording is stale: item_extract prompt v{old} → v99; falling back to the embedded "
+                     "model (to record one: python -m tmem.demo --record-through URL)."]
     assert "tiny model that proves the pipeline, not the quality" in out and "A RECORDING" not in out
 
 
@@ -237,7 +236,7 @@ def test_no_shipped_recording_is_one_line_too(tmp_path: Path, capsys: pytest.Cap
     assert backend.kind == "embedded" and launcher.calls == 1
     assert [line for line in out.splitlines() if line.startswith("Note:")] == [
         f"Note: no recording of a capable model ships with this checkout ({tmp_path / 'none.jsonl'}); falling back "
-        "to the embedded model (TMEM_LLM_BASE_URL for another; re-record: python -m tmem.demo --record-through URL)."]
+        "to the embedded model (to record one: python -m tmem.demo --record-through URL)."]
 
 
 def test_a_matching_recording_is_replayed_and_labelled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -134,8 +134,7 @@ def open_backend(stack: ExitStack, settings: Settings, request: BackendRequest,
         check = check_recording(request.recording, request.current)
         if check.usable:
             return _open_replay(stack, request.recording, check.label, check.models, check.answers or {})
-        print(f"Note: {check.line}; falling back to the embedded model (TMEM_LLM_BASE_URL for another; "
-              f"re-record: {RECORD_COMMAND}).")
+        print(f"Note: {check.line}; falling back to the embedded model (to record one: {RECORD_COMMAND}).")
     return _open_embedded(stack, settings, launch_embedded)
 
 
