@@ -50,6 +50,7 @@ from tmem.settings import Settings, apply_process_defaults, environ_overlay, loa
 
 if TYPE_CHECKING:
     from tmem.domain import Conversation
+    from tmem.providers.recording import RecordingProxy
     from tmem.query.memory import Answer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -199,24 +200,23 @@ def _missing_from_recording(backend: Backend) -> str | None:
             f"Re-record it ({RECORD_COMMAND}), or run the embedded model: TMEM_LLM_PROVIDER=local make demo.")
 
 
-def _finish_recording(options: DemoOptions, backend: Backend, settings: Settings, summary: dict[str, Any]) -> None:
+def _finish_recording(options: DemoOptions, proxy: RecordingProxy, settings: Settings, summary: dict[str, Any]) -> None:
     from tmem.providers.recording import write_recording
 
-    assert backend.proxy is not None
     current = current_validity(SAMPLE, [(q.text, q.speaker) for q in SAMPLE_QUESTIONS], settings)
-    write_recording(options.recording, backend.proxy.entries)
+    write_recording(options.recording, proxy.entries)
     build = {key: summary[key] for key in ("status", "scenes", "topics", "items", "connected_items", "entity_triggers",
                                            "bridge_triggers", "horizon_triggers", "personas", "llm_calls")}
     build["quarantined_units"] = len(summary.get("quarantined_units") or ())
     manifest = write_manifest(
-        options.recording, backend.proxy.entries, current, source=options.record_source,
+        options.recording, proxy.entries, current, source=options.record_source,
         models={"build": settings.endpoint("build").model, "answer": settings.endpoint("answer").model},
         build=build, recorded_at=datetime.now(UTC),
     )
     journal_path(options.recording).unlink(missing_ok=True)
     print(f"\nRecorded: {manifest['label']}")
     print(f"   {options.recording} and {manifest_path(options.recording)} "
-          f"({backend.proxy.forwarded} answers asked upstream, {len(backend.proxy.entries)} requests recorded); "
+          f"({proxy.forwarded} answers asked upstream, {len(proxy.entries)} requests recorded); "
           f"`make demo` replays it while they match.")
     if summary["status"] != "completed":
         print(f"warning: the recorded build's status is {summary['status']}: its replay reproduces that.")
@@ -283,7 +283,7 @@ def run(options: DemoOptions, launch_embedded: LaunchEmbedded = default_launcher
             print(_missing_from_recording(backend) or f"error: the answer model failed: {exc}", file=sys.stderr)
             return 1
         if backend.proxy is not None:
-            _finish_recording(options, backend, settings, summary)
+            _finish_recording(options, backend.proxy, settings, summary)
         _closing(backend, options, time.perf_counter() - started, first_answer_s)
         if options.serve_port is not None:
             from tmem.cli import CliContext

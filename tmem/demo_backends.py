@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,7 +30,7 @@ from tmem.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from tmem.providers.local_llm import LocalServer
-    from tmem.providers.recording import RecordingProxy, ReplayServer
+    from tmem.providers.recording import RecordedAnswer, RecordingProxy, ReplayServer
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDITY = REPO / "bench" / "results" / "local_validity.json"
@@ -170,7 +170,7 @@ def _open_embedded(stack: ExitStack, settings: Settings, launch: LaunchEmbedded)
 
 
 def _open_replay(stack: ExitStack, recording: Path, label: str, models: dict[str, str],
-                 answers: Any) -> Backend:
+                 answers: Mapping[str, RecordedAnswer]) -> Backend:
     from tmem.providers.recording import ReplayServer
 
     build_model = models.get("build") or "recording"
