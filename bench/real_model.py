@@ -191,8 +191,9 @@ class Reindexed:
 
     def rows(self, conversation_id: str) -> Any:
         """The embedded rows as a column view (owner_kinds, owner_ids, views, ordinals, vectors)."""
-        import numpy as np
         from types import SimpleNamespace
+
+        import numpy as np
 
         self.index(conversation_id)
         rows = self._rows[conversation_id]
