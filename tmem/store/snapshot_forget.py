@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from tmem.errors import StoreError
 from tmem.store.conversation_image import IMAGE_FILE, IMAGE_TABLE, open_image_file, write_image_index
+from tmem.store.forget_work import scrub_build_runs
 from tmem.store.snapshot import (
     MANIFEST,
     MEMORY_DB,
@@ -124,6 +125,8 @@ def republish_without(
             where = " WHERE conversation_id <> ? ORDER BY conversation_id" if scoped else ""
             con.execute(f'CREATE TABLE main."{name}" AS SELECT * FROM old."{name}"{where}',  # noqa: S608 -- names from the catalog
                         [conversation_id] if scoped else [])
+        if "build_runs" in _tables(con, "old"):  # the run records a publish copies (the explorer reads them)
+            scrub_build_runs(con, conversation_id)
         if IMAGE_TABLE in _tables(con, "old") and (info.path / IMAGE_FILE).is_file():
             copied = _copy_images(con, info.path, tmp, conversation_id, vector_keys, vector_key_absent)
         con.execute("DETACH old")
