@@ -203,7 +203,8 @@ function stageCard(stage, out, state, redraw) {
       h("span", { class: "chip" }, `pool ${num(stage.pool_size)}`), h("span", { class: "chip" }, `kept ${stage.selected.length} / ${stage.keep}`),
       stage.note ? h("span", { class: "chip gate" }, stage.note) : null),
     h("p", { class: "muted" }, describe(out.config)),
-    trig && out.gate ? h("p", { class: "gate-line" }, `${out.gate.passed} of the ${out.gate.listed} nearest items reached \u03c4 = ${out.gate.tau}` +
+    trig && out.gate ? h("p", { class: "gate-line" }, `${out.gate.passed} of the ${out.gate.listed} nearest items reached \u03c4 = ${score(out.gate.tau)}` +
+      (out.gate.rule === "robust_z" ? ` (robust z \u2265 ${out.gate.z} over this query's trigger cosines)` : " (fixed cosine)") +
       (out.gate.best !== null ? `; the best trigger cosine is ${score(out.gate.best)}` : "") +
       (out.gate.passed === 0 ? " \u2014 the gate let nothing through." : ".")) : null,
     stage.candidates.length ? h("div", { class: "table-wrap" }, h("table", { class: "trace" }, h("thead", {}, head), h("tbody", {}, body)))
