@@ -11,11 +11,12 @@ export DO_NOT_TRACK := 1
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
 COMPILE_NOTE := $(VENV)/llama-compile-seconds
 
-# make demo ARCHIVE=path/to/archive.jsonl QUESTIONS="q1;q2" CONVERSATIONS="c1 c2" DRY_RUN=1 STORE=dir
+# make demo ARCHIVE=path/to/archive.jsonl QUESTIONS="q1;q2" CONVERSATIONS="c1 c2" DRY_RUN=1 STORE=dir SERVE=1
 DEMO_ARGS := $(if $(ARCHIVE),--archive '$(ARCHIVE)') $(if $(QUESTIONS),--questions '$(QUESTIONS)') \
-	$(foreach c,$(CONVERSATIONS),--conversation '$(c)') $(if $(DRY_RUN),--dry-run) $(if $(STORE),--store '$(STORE)')
+	$(foreach c,$(CONVERSATIONS),--conversation '$(c)') $(if $(DRY_RUN),--dry-run) $(if $(STORE),--store '$(STORE)') \
+	$(if $(SERVE),--serve)
 
-.PHONY: install lint test test-fast demo bench clean
+.PHONY: install lint test test-fast demo demo-record bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -55,5 +56,12 @@ test-fast: install
 demo: install
 	$(PY) -m tmem.demo $(DEMO_ARGS)
 
+# Renew the recording `make demo` replays (examples/sample_recording.jsonl + .json) from the model at
+# URL, e.g. the model bridge: make demo-record URL=http://127.0.0.1:18765/v1 (README, "make demo").
+demo-record: install
+	@test -n "$(URL)" || { echo "usage: make demo-record URL=http://host:port/v1 (TMEM_LLM_API_KEY, TMEM_LLM_MODEL)"; exit 2; }
+	$(PY) -m tmem.demo --record-through '$(URL)' $(if $(STORE),--store '$(STORE)') \
+		$(if $(SOURCE),--record-source '$(SOURCE)')
+
 clean:
-	rm -rf tmem-store tmem-demo-store .pytest_cache .mypy_cache .ruff_cache
+	rm -rf tmem-store tmem-demo-store tmem-record-store .pytest_cache .mypy_cache .ruff_cache

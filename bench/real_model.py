@@ -20,6 +20,7 @@ build through the bridge are quoted as "built by a capable model through the bri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -181,6 +182,24 @@ class Reindexed:
     def __init__(self, store: Path, embedder: Any, scene_triggers: Path | None = None) -> None:
         self.store, self.embedder, self.scene_triggers = store, embedder, scene_triggers
         self._indexes: dict[str, Any] = {}
+        self._memories: dict[str, Any] = {}
+        self._rows: dict[str, Any] = {}
+
+    def memory(self, conversation_id: str) -> Any:
+        self.index(conversation_id)
+        return self._memories[conversation_id]
+
+    def rows(self, conversation_id: str) -> Any:
+        """The embedded rows as a column view (owner_kinds, owner_ids, views, ordinals, vectors)."""
+        from types import SimpleNamespace
+
+        import numpy as np
+
+        self.index(conversation_id)
+        rows = self._rows[conversation_id]
+        return SimpleNamespace(owner_kinds=[r.owner_kind for r in rows], owner_ids=[r.owner_id for r in rows],
+                               views=[r.view for r in rows], ordinals=[r.ordinal for r in rows],
+                               vectors=np.vstack([r.vector for r in rows]))
 
     def index(self, conversation_id: str, **_: Any) -> Any:
         from tmem.index.embed import embed_memory_views
@@ -201,6 +220,8 @@ class Reindexed:
                 rows = json.loads(self.scene_triggers.read_text(encoding="utf-8"))
                 memory = memory.model_copy(update={"scene_triggers": tuple(SceneTriggers(**r) for r in rows)})
             rows = embed_memory_views(memory, {t.turn_id: t for t in turns}, self.embedder)
+            self._memories[conversation_id] = memory
+            self._rows[conversation_id] = rows
             bundle = VectorBundle.from_columns([r.owner_kind for r in rows], [r.owner_id for r in rows],
                                                [r.view for r in rows], [r.ordinal for r in rows],
                                                [r.vector for r in rows])
@@ -208,6 +229,74 @@ class Reindexed:
                 conversation_id, memory.scenes, memory.topics, memory.items, memory.item_triggers,
                 memory.scene_triggers, memory.personas, turns, bundle)
         return self._indexes[conversation_id]
+
+
+class MaskedCues:
+    """One index per cue question, the other cues' scenes (and the items, triggers and topic links that
+    come only from them) left out: the protocol's condition (one cue among its host's scenes) measured
+    on one build. Without it every trigger also competes with the other stitched cues, short exchanges
+    of one genre ("I did X after Y, and now ...") that crowd each other out; ``--cue-condition``
+    reports both. Index lookups go by an alias id ``<conversation>#<qid>``."""
+
+    def __init__(self, store: Path, embedder: Any, cue_examples: list[Any], reindex: Reindexed | None) -> None:
+        from tmem.query.memory import Memory
+        from tmem.settings import load_settings
+
+        self.memory = Memory.open(store, load_settings(store=store), embedder=embedder)
+        self.snapshot = self.memory.snapshot()
+        self.reindex = reindex
+        self.cue_turns = {e.qid: set(e.evidence) for e in cue_examples}
+        self._indexes: dict[str, Any] = {}
+
+    @staticmethod
+    def alias(example: Any) -> str:
+        return f"{example.conversation_id}#{example.qid}"
+
+    def others(self, alias: str) -> set[str]:
+        qid = alias.split("#", 1)[1]
+        return {t for other, turns in self.cue_turns.items() if other != qid for t in turns}
+
+    def turns(self, alias: str) -> tuple[Any, ...]:
+        reader = self.snapshot.reader
+        _, turns = reader.read_conversation(alias.split("#", 1)[0])
+        hidden = self.others(alias)
+        return tuple(t for t in turns if t.turn_id not in hidden)
+
+    def index(self, alias: str, **_: Any) -> Any:
+        from tmem.retrieval.index import VectorBundle, build_index
+
+        if alias in self._indexes:
+            return self._indexes[alias]
+        cid, hidden = alias.split("#", 1)[0], self.others(alias)
+        full = self.reindex.index(cid) if self.reindex is not None else self.snapshot.index(cid)
+        reader = self.snapshot.reader
+        memory, turns = reader.read_conversation(cid)
+        if self.reindex is not None:
+            memory = self.reindex.memory(cid)
+        gone = {s.scene_id for s in memory.scenes if set(s.turn_ids) <= hidden}
+        items = [i.model_copy(update={"source_scene_ids": tuple(x for x in i.source_scene_ids if x not in gone)})
+                 for i in memory.items if set(i.source_scene_ids) - gone]
+        kept_items = {i.item_id for i in items}
+        topics = [t.model_copy(update={"scene_ids": tuple(s for s in t.scene_ids if s not in gone)})
+                  for t in memory.topics]
+        topics = [t for t in topics if t.scene_ids]
+        owners = {s.scene_id for s in memory.scenes} - gone | kept_items | {t.topic_id for t in topics}
+        rows = self.reindex.rows(cid) if self.reindex is not None else reader.read_vector_rows(cid)
+        keep = [k for k, owner in enumerate(rows.owner_ids) if owner in owners]
+        bundle = VectorBundle.from_columns([rows.owner_kinds[k] for k in keep], [rows.owner_ids[k] for k in keep],
+                                           [rows.views[k] for k in keep], [rows.ordinals[k] for k in keep],
+                                           rows.vectors[keep] if keep else rows.vectors[:0])
+        index = build_index(
+            alias, [s.model_copy(update={"conversation_id": alias}) for s in memory.scenes if s.scene_id not in gone],
+            [t.model_copy(update={"conversation_id": alias}) for t in topics],
+            [i.model_copy(update={"conversation_id": alias}) for i in items],
+            [t.model_copy(update={"conversation_id": alias}) for t in memory.item_triggers if t.item_id in kept_items],
+            [t.model_copy(update={"conversation_id": alias}) for t in memory.scene_triggers if t.scene_id not in gone],
+            [p.model_copy(update={"conversation_id": alias}) for p in memory.personas],
+            [t.model_copy(update={"conversation_id": alias}) for t in turns], bundle)
+        del full
+        self._indexes[alias] = index
+        return index
 
 
 def _snapshot(memory: Any, reindex: Reindexed | None) -> Any:
@@ -314,13 +403,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
         sets["cue"] = load_locomo_qa(args.cues)[0]
     conversation_id = sets["evidence"][0].conversation_id
     turns = store_turns(args.store, [conversation_id])
+    if "cue" in sets:  # the cue questions a second time, each against its host and its own cue only
+        sets["cue_alone"] = sets["cue"]
     for name, examples in sets.items():
         examples, _ = check_evidence(examples, turns)
         examples = [e for e in examples if e.evidence]
         vectors.prefetch(e.question for e in examples)
-        systems = _systems(args.store, presets, vectors, turns, budget_k=max(KS), reindex=reindex)
+        source: Any = reindex
+        known = dict(turns)
+        if name == "cue_alone":
+            masked = MaskedCues(args.store, vectors.embedder, examples, reindex)
+            examples = [dataclasses.replace(e, conversation_id=MaskedCues.alias(e)) for e in examples]
+            known.update({e.conversation_id: masked.turns(e.conversation_id) for e in examples})
+            source = masked
+        systems = _systems(args.store, presets, vectors, known, budget_k=max(KS), reindex=source)
         parts[name] = {"questions": len(examples), "recall": _recall_table(examples, systems),
-                       "channels_at_5": {p: _diagnose(args.store, p, vectors, examples, 5, reindex) for p in presets}}
+                       "channels_at_5": {p: _diagnose(args.store, p, vectors, examples, 5, source) for p in presets}}
     shape = _memory_shape(args.store, vectors, conversation_id, sets.get("cue", []), reindex)
     health = json.loads(args.build_json.read_text(encoding="utf-8")) if args.build_json else None
     report = {
@@ -351,7 +449,7 @@ def render(report: dict[str, Any]) -> list[str]:
                  f"{m['scenes_of_3_turns_or_fewer']} of ≤3), {m['topics']} topics, {m['items']} items "
                  f"({m['connected_items']} connected), horizon fill {m['horizon_fill']}, "
                  f"cues in their own scene {m['cues_in_their_own_scene']}/{len(m['cue_scenes'])}")
-    for part in ("evidence", "cue"):
+    for part in ("evidence", "cue", "cue_alone"):
         if part not in report:
             continue
         data = report[part]

@@ -147,7 +147,9 @@ def test_explain_draws_every_stage_and_matches_search(es: ExplorerStore, client:
     assert marks(body["stages"]) == {"alpha"}
     gate = body["gate"]
     hiking = {i.item_id for i in memory.items if i.item_id.startswith("itm_1_")}
-    assert gate["tau"] == 0.85 and gate["passed"] == len(hiking) and gate["best"] == pytest.approx(1.0)
+    # the default gate is standardised: τ is the cosine this query's distribution required (the trace's threshold)
+    assert gate["rule"] == "robust_z" and gate["tau"] == pytest.approx(stages["trig_recall"]["threshold"])
+    assert gate["passed"] == len(hiking) and gate["best"] == pytest.approx(1.0) and gate["tau"] < 1.0
     assert set(stages["trig_recall"]["selected"]) == hiking
     assert all("entity_bridge" in i["channels"] for i in body["items"] if i["item_id"] in hiking)
     context = body["context"]
@@ -165,7 +167,9 @@ def test_explain_reports_what_a_small_budget_dropped_and_the_lexical_mode(client
     kept = [u for u in units if u["kind"] != "persona" and u["in_context"]]
     assert report["scenes_dropped"] + report["items_dropped"] > 0
     assert len(kept) == report["scenes_kept"] + report["items_kept"]
-    assert sum(u["tokens"] for u in kept) <= report["budget"] and report["tokens_used"] <= 150
+    whole = [u for u in kept if u["kind"] == "item" or u["turns_in_context"] == u["turns"]]
+    assert sum(u["tokens"] for u in whole) <= report["budget"] and report["tokens_used"] <= 150
+    assert report["turns_kept"] == sum(u["turns_in_context"] or 0 for u in kept if u["kind"] == "scene")
     assert all((u["label"] in body["context"]["text"]) == u["in_context"] for u in units if u["kind"] == "scene")
     assert estimate_tokens(body["context"]["text"]) == report["total_tokens"]
 

@@ -28,6 +28,7 @@ from tmem.retrieval.config import config_from_settings
 from tmem.retrieval.lexical import BM25Section
 from tmem.store.conversation_image import (
     IMAGE_FILE,
+    IMAGE_FORMAT,
     IMAGE_TABLE,
     MANIFEST_KEY,
     image_locations,
@@ -66,7 +67,7 @@ def _assert_same_rows(a: VectorSection | None, b: VectorSection | None) -> None:
 @pytest.mark.parametrize("cid", CRAFTED_IDS)
 def test_the_image_section_equals_the_lance_read(published: tuple[Path, SnapshotInfo], cid: str) -> None:
     store, info = published
-    assert info.image_format == 2
+    assert info.image_format == IMAGE_FORMAT
     reader = SnapshotReader(info, store)
     from_image = reader.read_vector_rows(cid)
     from_lance = reader.read_vector_rows(cid, from_lance=True)

@@ -111,6 +111,7 @@ def extract_items_detailed(
     ).value
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def extract_items_outcome(
     conversation_id: str,
     topic: Topic,

@@ -56,6 +56,7 @@ def persona(
     return found
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def persona_outcome(
     conversation_id: str,
     speaker: str,

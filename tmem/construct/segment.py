@@ -82,6 +82,7 @@ def segment(
     ).value
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def segment_outcome(
     conversation_id: str,
     turns: Sequence[Turn],

@@ -82,6 +82,7 @@ def admit_topics(
     ).value
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def admit_topics_outcome(
     conversation_id: str,
     scenes: Sequence[Scene],

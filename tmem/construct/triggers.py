@@ -50,6 +50,7 @@ def item_triggers(
     return item_triggers_outcome(conversation_id, items, chat, batch=batch, reasks=reasks, isolate=False).value
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def item_triggers_outcome(
     conversation_id: str,
     items: Sequence[Item],
@@ -141,6 +142,7 @@ def scene_triggers(
     ).value
 
 
+@scoped  # its LLM calls are attributed to the conversation (tmem forget)
 def scene_triggers_outcome(
     conversation_id: str,
     scenes: Sequence[Scene],

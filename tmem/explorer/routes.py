@@ -189,7 +189,8 @@ def explorer_router(memory: Memory, auth: Sequence[Depends], *, pending_turns: P
             quarantine_active=len(catalog.quarantined()),
             presets=list(preset_names()),
             defaults=Defaults(k_topics=s.k_topics, k_scenes=s.k_scenes, k_items=s.k_items, k_cue=s.k_cue,
-                              trigger_cap=s.trigger_cap, trigger_gate=s.trigger_gate, rrf_k0=s.rrf_k0,
+                              trigger_cap=s.trigger_cap, trigger_gate=s.trigger_gate, trigger_gate_z=s.trigger_gate_z,
+                              rrf_k0=s.rrf_k0,
                               context_token_budget=s.context_token_budget),
             version=__version__,
         )

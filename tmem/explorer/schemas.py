@@ -76,6 +76,7 @@ class Defaults(BaseModel):
     k_cue: int
     trigger_cap: int
     trigger_gate: float
+    trigger_gate_z: float
     rrf_k0: int
     context_token_budget: int
 
@@ -169,10 +170,15 @@ class StageView(BaseModel):
     selected: list[str]
     candidates: list[CandidateView]
     note: str
+    threshold: float | None = None  # TrigRecall: the cosine the gate required for this query
 
 
 class GateView(BaseModel):
-    tau: float
+    tau: float = Field(description="The cosine an item's best trigger had to reach for this query.")
+    rule: Literal["cosine", "robust_z"] = Field(
+        default="cosine", description="cosine: τ itself; robust_z: z standard deviations above the median of this "
+        "query's trigger scores over the conversation's items (τ is that cosine).")
+    z: float | None = None
     cap: int
     listed: int = Field(description="Items the trace lists: the 2R nearest by best trigger cosine.")
     passed: int = Field(description="Listed items whose best trigger cosine reached τ (exact when below 2R).")
@@ -183,8 +189,10 @@ class ContextUnit(BaseModel):
     kind: Literal["scene", "item", "persona"]
     id: str
     label: str
-    tokens: int = Field(description="Estimated tokens of its rendered text.")
+    tokens: int = Field(description="Estimated tokens of its rendered text (the whole scene).")
     in_context: bool
+    turns_in_context: int | None = Field(default=None, description="A scene: how many of its turns the context shows.")
+    turns: int | None = Field(default=None, description="A scene: its number of turns.")
 
 
 class ContextOut(BaseModel):

@@ -144,6 +144,7 @@ def stage_view(stage: StageTrace, config: RetrievalConfig, labels: Mapping[str, 
             for c in stage.candidates
         ],
         note=stage.note,
+        threshold=stage.threshold,
     )
 
 
@@ -153,8 +154,11 @@ def gate_view(stage: StageTrace | None, config: RetrievalConfig) -> GateView | N
     if stage is None:
         return None
     best = [c.scores["max"] for c in stage.candidates if "max" in c.scores]
+    robust = config.trigger_gate_rule == "robust_z"
+    tau = stage.threshold if stage.threshold is not None else (1.0 if robust else config.trigger_gate)
     return GateView(
-        tau=config.trigger_gate, cap=config.trigger_cap, listed=len(stage.candidates),
+        tau=tau, rule=config.trigger_gate_rule, z=config.trigger_gate_z if robust else None,
+        cap=config.trigger_cap, listed=len(stage.candidates),
         passed=sum(1 for c in stage.candidates if "entity_bridge" in c.ranks),
         best=max(best) if best else None,
     )
@@ -165,7 +169,8 @@ def context_view(recalled: QueryContext) -> ContextOut:
     scenes, items = set(context.scene_ids_kept), set(context.item_ids_kept)
     units = [
         ContextUnit(kind="scene", id=s.scene_id, label=s.title, tokens=estimate_tokens(render_scene(s)),
-                    in_context=s.scene_id in scenes)
+                    in_context=s.scene_id in scenes, turns=len(s.turns),
+                    turns_in_context=len(context.kept_turns.get(s.scene_id, ())))
         for s in result.scenes
     ]
     units += [

@@ -12,6 +12,9 @@ operation, so a stale recording fails loudly instead of answering something else
 ``make demo`` (a recording of a capable model answering the sample's build and questions) and
 by ``bench/real_model.py --replay`` (a rebuild of recorded memory at zero model cost); it is
 never a fallback of the product.
+
+:class:`RecordingProxy` makes a recording: an endpoint on 127.0.0.1 that forwards each request to
+an upstream OpenAI-compatible URL and records its answer (``python -m tmem.demo --record-through``).
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tmem.errors import TmemError
 from tmem.ids import content_hash
@@ -56,9 +61,9 @@ def answer_text(response: Any) -> str:
     return response if isinstance(response, str) else json.dumps(response, ensure_ascii=False)
 
 
-def read_recording(path: Path) -> dict[str, RecordedAnswer]:
-    """``{request_key: answer}`` of a recording file; a bad line is a :class:`RecordingError`."""
-    answers: dict[str, RecordedAnswer] = {}
+def read_entries(path: Path) -> dict[str, dict[str, Any]]:
+    """``{request_key: entry}`` of a recording file, in file order; a bad line is a :class:`RecordingError`."""
+    entries: dict[str, dict[str, Any]] = {}
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -68,17 +73,23 @@ def read_recording(path: Path) -> dict[str, RecordedAnswer]:
             continue
         try:
             entry = json.loads(line)
-            messages = entry["messages"]
-            response = entry["response"]
+            messages, _ = entry["messages"], entry["response"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise RecordingError(f"{path}: line {number}: not a recorded request ({exc})") from None
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise RecordingError(f"{path}: line {number}: messages must be a list of objects")
-        key = request_key(messages, entry.get("response_format"))
-        answers[key] = RecordedAnswer(
-            str(entry.get("operation") or "unknown"), answer_text(response), str(entry.get("finish_reason") or "stop")
-        )
-    return answers
+        entries[request_key(messages, entry.get("response_format"))] = entry
+    return entries
+
+
+def recorded_answer(entry: Mapping[str, Any]) -> RecordedAnswer:
+    return RecordedAnswer(str(entry.get("operation") or "unknown"), answer_text(entry["response"]),
+                          str(entry.get("finish_reason") or "stop"))
+
+
+def read_recording(path: Path) -> dict[str, RecordedAnswer]:
+    """``{request_key: answer}`` of a recording file; a bad line is a :class:`RecordingError`."""
+    return {key: recorded_answer(entry) for key, entry in read_entries(path).items()}
 
 
 def write_recording(path: Path, entries: Iterable[Mapping[str, Any]]) -> int:
@@ -111,7 +122,7 @@ class ReplayServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
 
-    def __enter__(self) -> ReplayServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -142,6 +153,130 @@ class ReplayServer:
             "usage": usage,
         }
 
+    def handle(self, body: Mapping[str, Any], raw: bytes, headers: Mapping[str, str]) -> Reply:
+        """The reply to one chat request (``raw``: its body as received; ``headers``: its headers)."""
+        return (*self.answer(body), {})
+
+
+Reply = tuple[int, dict[str, Any], dict[str, str]]  # status, JSON body, extra headers
+# Request headers passed on upstream (the adapter names its operation in X-Tmem-Operation); the rest
+# (Host, Content-Length, Accept-Encoding: the proxy reads the answer, so it takes it uncompressed) are not.
+FORWARDED_HEADERS = ("authorization", "content-type", "x-tmem-operation", "openai-organization", "openai-project")
+# Answer headers passed back (a 429's Retry-After is what the client's backoff waits on).
+RETURNED_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")
+
+
+class RecordingProxy(ReplayServer):
+    """An endpoint on 127.0.0.1 that forwards chat requests to ``upstream`` and records the answers.
+
+    What is recorded is exactly what a replay serves: a request already answered in this recording
+    (same :func:`request_key`) is answered from it, never asked again — also when it arrives while
+    the first copy is still upstream (a client that timed out and re-sent). ``seed``: entries of an
+    interrupted earlier recording (its journal), answered without asking upstream. Each new answer
+    is appended to ``journal`` as it arrives, so a failed run loses no answer that was paid for.
+    Failed answers (any status but 200) are passed back as they came and not recorded.
+    """
+
+    def __init__(self, upstream: str, *, timeout_s: float, seed: Mapping[str, Mapping[str, Any]] | None = None,
+                 journal: Path | None = None, port: int = 0) -> None:
+        super().__init__({}, port=port, model="recording-proxy")
+        self.upstream = upstream.rstrip("/")
+        self.timeout_s = timeout_s
+        self.seed = {key: dict(entry) for key, entry in (seed or {}).items()}
+        self.journal = journal
+        self.entries: list[dict[str, Any]] = []  # this run's recorded requests, in first-request order
+        self.forwarded = 0
+        self._recorded: set[str] = set()
+        self._in_flight: dict[str, threading.Event] = {}
+
+    def handle(self, body: Mapping[str, Any], raw: bytes, headers: Mapping[str, str]) -> Reply:
+        key = request_key(body.get("messages") or [], body.get("response_format"))
+        while True:
+            with self._lock:
+                if key in self._recorded:
+                    break
+                seeded = self.seed.get(key)
+                if seeded is not None:
+                    self._keep(key, seeded)
+                    break
+                waiting = self._in_flight.get(key)
+                if waiting is None:
+                    self._in_flight[key] = threading.Event()
+                    break
+            waiting.wait(self.timeout_s)  # the same request is upstream: wait for its answer
+        if key in self._recorded:
+            return (*self.answer(body), {})
+        try:
+            status, payload, back = self._forward(raw, headers)
+            entry = _entry(body, headers, status, payload)
+            if entry is not None:
+                with self._lock:
+                    self.forwarded += 1
+                    self._keep(key, entry)
+                if self.journal is not None:
+                    with self._lock, self.journal.open("a", encoding="utf-8") as fh:
+                        fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            return status, payload, back
+        finally:
+            with self._lock:
+                self._in_flight.pop(key).set()
+
+    def _keep(self, key: str, entry: dict[str, Any]) -> None:  # under self._lock
+        self._recorded.add(key)
+        self.entries.append(entry)
+        self.answers[key] = recorded_answer(entry)
+
+    def _forward(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        sent = {name: value for name, value in headers.items() if name.lower() in FORWARDED_HEADERS}
+        request = urllib.request.Request(f"{self.upstream}/chat/completions", data=raw, method="POST", headers=sent)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
+                status, data, got = reply.status, reply.read(), reply.headers
+        except urllib.error.HTTPError as exc:
+            status, data, got = exc.code, exc.read(), exc.headers
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            return 502, {"error": {"message": f"recording proxy: upstream {self.upstream} did not answer ({reason})",
+                                   "type": "upstream_unreachable"}}, {}
+        try:
+            payload = json.loads(data or b"{}")
+        except json.JSONDecodeError:
+            payload = {"error": {"message": data.decode("utf-8", errors="replace")[:2000], "type": "upstream_error"}}
+        if not isinstance(payload, dict):
+            payload = {"error": {"message": "upstream answered with a JSON value that is not an object",
+                                 "type": "upstream_error"}}
+        back = {name: value for name, value in got.items() if name.lower() in RETURNED_HEADERS}
+        return status, payload, back
+
+
+def _entry(body: Mapping[str, Any], headers: Mapping[str, str], status: int,
+           payload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The recorded request of a 200 answer with a message content (else None: nothing to replay)."""
+    choices = payload.get("choices") if status == 200 else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    content = (choices[0].get("message") or {}).get("content")
+    if not isinstance(content, str):
+        return None
+    fmt = body.get("response_format") or {}
+    operation = next((v for k, v in headers.items() if k.lower() == "x-tmem-operation"), None)
+    return {
+        "operation": operation or (fmt.get("json_schema") or {}).get("name") or "unknown",
+        "messages": body.get("messages") or [], "response_format": body.get("response_format"),
+        "response": _response_value(content), "finish_reason": str(choices[0].get("finish_reason") or "stop"),
+        "model": body.get("model"), "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens"),
+    }
+
+
+def _response_value(content: str) -> Any:
+    """The answer as a JSON value when it is one written compactly (readable in the file), else the
+    exact text: a replay must send the very characters that were answered (a repair quotes them)."""
+    try:
+        value = json.loads(content)
+    except json.JSONDecodeError:
+        return content
+    return value if isinstance(value, (dict, list)) and answer_text(value) == content else content
+
 
 def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -151,11 +286,13 @@ def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
+        def _send(self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
             data = json.dumps(payload).encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 
@@ -176,6 +313,9 @@ def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 self._send(400, {"error": {"message": "request body is not JSON", "type": "invalid_request_error"}})
                 return
-            self._send(*server.answer(body))
+            if not isinstance(body, dict):
+                self._send(400, {"error": {"message": "request body is not a JSON object", "type": "invalid_request_error"}})
+                return
+            self._send(*server.handle(body, raw, dict(self.headers.items())))
 
     return Handler

@@ -69,6 +69,8 @@ class ContextReportOut(BaseModel):
     scenes_dropped: int
     items_kept: int
     items_dropped: int
+    scenes_partial: int = Field(0, description="Of the kept scenes, those shown by their best-matching turns only.")
+    turns_kept: int = Field(0, description="Turns of the kept scenes that the context shows.")
 
 
 class SearchOut(BaseModel):

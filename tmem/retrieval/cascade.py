@@ -301,14 +301,16 @@ def _trig_recall(c: _Query) -> I64:
     views = {v: cosine_scores(getattr(idx.items, v), q) for v in ("con", "brg", "joint")}
     best = nan_max(*views.values())
     passed = np.zeros(idx.n_items, dtype=bool)
+    threshold: float | None
     if cfg.trigger_gate_rule == "robust_z":
         z, median, sigma = robust_z(best)
         np.greater_equal(z, cfg.trigger_gate_z, out=passed, where=~np.isnan(z))
-        gate = (f"gate z≥{cfg.trigger_gate_z:g} (median {median:.3f}, σ {sigma:.3f} → cosine ≥ "
-                f"{median + cfg.trigger_gate_z * sigma:.3f})" if np.isfinite(median) else
-                f"gate z≥{cfg.trigger_gate_z:g} (too few items to standardise: none pass)")
+        threshold = median + cfg.trigger_gate_z * sigma if np.isfinite(median) else None
+        gate = (f"gate z≥{cfg.trigger_gate_z:g} (median {median:.3f}, σ {sigma:.3f} → cosine ≥ {threshold:.3f})"
+                if threshold is not None else f"gate z≥{cfg.trigger_gate_z:g} (too few items to standardise: none pass)")
     else:
         np.greater_equal(best, cfg.trigger_gate, out=passed, where=~np.isnan(best))
+        threshold = cfg.trigger_gate
         gate = f"gate τ={cfg.trigger_gate}"
     chosen = top_k(best, cfg.trigger_cap, eligible=passed)
     if c.stages is not None:
@@ -329,6 +331,7 @@ def _trig_recall(c: _Query) -> I64:
                 candidates=shown,
                 details=details,
                 note=f"{gate}, cap R={cfg.trigger_cap}",
+                threshold=threshold,
             )
         )
     return chosen

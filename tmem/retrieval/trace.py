@@ -52,6 +52,7 @@ class StageTrace:
     selected: tuple[str, ...]  # ids kept, best first
     candidates: tuple[CandidateTrace, ...]  # best fused first
     note: str = ""
+    threshold: float | None = None  # TrigRecall: the cosine the gate required for this query (NaN-free)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,7 @@ def stage_trace(
     pools: Mapping[int, tuple[str, ...]] | None = None,
     details: Mapping[int, str] | None = None,
     note: str = "",
+    threshold: float | None = None,
 ) -> StageTrace:
     """Assemble a :class:`StageTrace` from a stage's rank lists (``inf`` = absent) and scores.
 
@@ -133,4 +135,5 @@ def stage_trace(
         selected=tuple(ids[i] for i in selected.tolist()),
         candidates=rows,
         note=note,
+        threshold=threshold,
     )

@@ -142,14 +142,25 @@ def scrubbed_run(inputs_json: str | None, failures_json: str | None, conversatio
             None if failures is None else json.dumps(failures, sort_keys=True, default=str))
 
 
-def _runs_naming(con: duckdb.DuckDBPyConnection, conversation_id: str) -> list[tuple[str, str, str | None]]:
+def _runs_naming(
+    con: duckdb.DuckDBPyConnection, conversation_id: str, table: str = "build_runs"
+) -> list[tuple[str, str, str | None]]:
     """(run id, scrubbed inputs JSON, scrubbed failures JSON) of every run that names the conversation."""
     out: list[tuple[str, str, str | None]] = []
-    for run_id, inputs_json, failures_json in con.execute("SELECT run_id, inputs, failures FROM build_runs").fetchall():
+    for run_id, inputs_json, failures_json in con.execute(f"SELECT run_id, inputs, failures FROM {table}").fetchall():  # noqa: S608 -- fixed names
         scrubbed = scrubbed_run(inputs_json, failures_json, conversation_id)
         if scrubbed is not None:
             out.append((str(run_id), *scrubbed))
     return out
+
+
+def scrub_build_runs(con: duckdb.DuckDBPyConnection, conversation_id: str, table: str = "build_runs") -> int:
+    """Remove the conversation from the run records of ``table`` (the working database's, or a
+    snapshot's copy of them); returns the runs changed."""
+    scrubbed = _runs_naming(con, conversation_id, table)
+    for run_id, inputs, failures in scrubbed:
+        con.execute(f"UPDATE {table} SET inputs = ?, failures = ? WHERE run_id = ?", [inputs, failures, run_id])  # noqa: S608 -- fixed names
+    return len(scrubbed)
 
 
 def plan_work(con: duckdb.DuckDBPyConnection, conversation_id: str) -> WorkPlan:
@@ -188,8 +199,7 @@ def delete_from_work(
             con.execute(f"DELETE FROM llm_cache WHERE cache_key IN ({_UNOWNED_LLM})")  # noqa: S608 -- constant SQL
             con.execute(f"DELETE FROM embedding_cache WHERE (model, text_hash) IN ({_UNOWNED_EMBEDDINGS})")  # noqa: S608
         emptied = [str(r[0]) for r in con.execute(_EMPTIED_BATCHES, p).fetchall()]
-        for run_id, inputs, failures in _runs_naming(con, conversation_id):
-            con.execute("UPDATE build_runs SET inputs = ?, failures = ? WHERE run_id = ?", [inputs, failures, run_id])
+        scrub_build_runs(con, conversation_id)
         for table in conversation_tables(con):
             con.execute(f'DELETE FROM "{table}" WHERE conversation_id = $cid', p)  # noqa: S608 -- names from information_schema
         if emptied:

@@ -15,8 +15,9 @@ const STAGES = {
     `Over P_S \u222a A_S: BM25 and dense (within the pool) and the SceneCue ranking, fused by ${c.scene_fusion} ` +
     `\u2192 top kS = ${c.k_scenes}.`],
   trig_recall: ["4", "TrigRecall", (c) =>
-    `Best cosine over each item's entity, bridge and joint trigger views; items at or above \u03c4 = ` +
-    `${c.trigger_gate}, at most R = ${c.trigger_cap} \u2192 A_I. Not gated by the scenes.`],
+    `Best cosine over each item's entity, bridge and joint trigger views; items past the gate (the default: ` +
+    `z \u2265 ${c.trigger_gate_z} robust standard deviations above this query's median trigger score; the paper: ` +
+    `cosine \u2265 ${c.trigger_gate}), at most R = ${c.trigger_cap} \u2192 A_I. Not gated by the scenes.`],
   item_selection: ["5", "Item selection", (c) =>
     `Over the items of the selected scenes \u222a A_I: BM25, dense and the TrigRecall ranking, fused by ` +
     `${c.item_fusion} \u2192 top kI = ${c.k_items}.`],
@@ -95,8 +96,10 @@ function drawExplain(root, out, memo, state) {
 function recalled(out, memo, inContext, follow) {
   const ctx = (kind, id) => {
     const u = inContext.get(`${kind}:${id}`);
-    return u ? badge(u.in_context ? `in context \u00b7 ${num(u.tokens)} tok` : `dropped (budget) \u00b7 ${num(u.tokens)} tok`,
-      u.in_context ? "ok" : "warn") : null;
+    if (!u) return null;
+    const part = u.in_context && u.turns && u.turns_in_context < u.turns ? ` \u00b7 ${u.turns_in_context} of ${u.turns} turns` : "";
+    return badge(u.in_context ? `in context${part} \u00b7 ${num(u.tokens)} tok` : `dropped (budget) \u00b7 ${num(u.tokens)} tok`,
+      u.in_context ? "ok" : "warn");
   };
   const scenes = out.scenes.map((s, i) => h("li", { class: "hit", onclick: () => follow("scene", s.scene_id) },
     h("span", { class: "rank" }, i + 1),
@@ -137,8 +140,9 @@ function contextPanel(out) {
     h("div", { class: "budget" }, h("div", { class: "budget-bar" }, styled(h("div", { class: "budget-used" }), { width: `${pct.toFixed(1)}%` })),
     h("span", {}, `${num(r.tokens_used)} of ${num(r.budget)} tokens for scenes and items`),
     h("span", { class: "muted" }, ` + ${num(r.persona_tokens)} persona = ${num(r.total_tokens)} total (estimated: 4 characters a token)`)),
-    h("p", { class: "muted" }, `${r.scenes_kept} scenes and ${r.items_kept} items kept; ${r.scenes_dropped} scenes and ` +
-      `${r.items_dropped} items dropped to fit the budget (lowest-ranked first).`),
+    h("p", { class: "muted" }, `${r.scenes_kept} scenes (${r.scenes_partial} of them by their best-matching turns, ` +
+      `${r.turns_kept} turns in all) and ${r.items_kept} items kept; ${r.scenes_dropped} scenes and ` +
+      `${r.items_dropped} items left out by the budget.`),
     h("details", {}, h("summary", {}, "Show the context text"), h("pre", { class: "pre" }, out.context.text || "(empty)")));
 }
 
@@ -199,7 +203,8 @@ function stageCard(stage, out, state, redraw) {
       h("span", { class: "chip" }, `pool ${num(stage.pool_size)}`), h("span", { class: "chip" }, `kept ${stage.selected.length} / ${stage.keep}`),
       stage.note ? h("span", { class: "chip gate" }, stage.note) : null),
     h("p", { class: "muted" }, describe(out.config)),
-    trig && out.gate ? h("p", { class: "gate-line" }, `${out.gate.passed} of the ${out.gate.listed} nearest items reached \u03c4 = ${out.gate.tau}` +
+    trig && out.gate ? h("p", { class: "gate-line" }, `${out.gate.passed} of the ${out.gate.listed} nearest items reached \u03c4 = ${score(out.gate.tau)}` +
+      (out.gate.rule === "robust_z" ? ` (robust z \u2265 ${out.gate.z} over this query's trigger cosines)` : " (fixed cosine)") +
       (out.gate.best !== null ? `; the best trigger cosine is ${score(out.gate.best)}` : "") +
       (out.gate.passed === 0 ? " \u2014 the gate let nothing through." : ".")) : null,
     stage.candidates.length ? h("div", { class: "table-wrap" }, h("table", { class: "trace" }, h("thead", {}, head), h("tbody", {}, body)))
