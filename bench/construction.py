@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from tmem.devtools import synth
-from tmem.devtools.scripted_llm import RecordedRequest, ScriptedLLM, input_message, request_input
+from tmem.devtools.responders import input_message, request_input
+from tmem.devtools.scripted_llm import RecordedRequest, ScriptedLLM
 from tmem.store.duck import connect
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tmem.providers.embed import CachedEmbedder, InMemoryEmbeddingCache, SentenceTransformerEmbedder
+from tmem.llm.cached_embedder import CachedEmbedder, InMemoryEmbeddingCache
+from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "locomo" / "locomo10.json"

@@ -63,8 +63,8 @@ from tmem.ingest.locomo import read_locomo
 from tmem.prompts import answer as answer_prompt
 from tmem.prompts.base import Prompt, parse_input
 from tmem.prompts.common import FEEDBACK_NOTE
-from tmem.providers.chat import ChatConfig, OpenAIChatModel
-from tmem.providers.local_llm import LOCAL_PROFILE, local_profile_env, local_server_for, resolve_model
+from tmem.providers.llama_cpp import LOCAL_PROFILE, local_profile_env, local_server_for, resolve_model
+from tmem.providers.openai_chat import ChatConfig, OpenAIChatModel
 from tmem.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -98,7 +98,7 @@ def embedded_texts(store: Path) -> dict[str, str]:
     """Embedding-cache key -> text of every vector row the current snapshot pins."""
     import lancedb
 
-    from tmem.providers.embed import embedding_key
+    from tmem.llm.cached_embedder import embedding_key
     from tmem.store.snapshot import current_snapshot
 
     info = current_snapshot(store)
@@ -121,7 +121,7 @@ def cached_keys(store: Path) -> set[str]:
 
 def embedding_seconds(texts: list[str], sample: int, seed: int) -> dict[str, Any]:
     """Embed a random sample of ``texts`` alone (the build's model, batch 64); seconds scaled to all."""
-    from tmem.providers.embed import SentenceTransformerEmbedder
+    from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
 
     if not texts:
         return {"texts": 0, "seconds": 0.0, "sampled": 0}

@@ -38,7 +38,7 @@ from benchstats import Stopwatch, loadavg, machine_info, summary_ms, table
 from tmem.eval.baselines import BaselineRetriever
 from tmem.eval.examples import QAExample
 from tmem.eval.retrieval_metrics import VectorMemo
-from tmem.providers.base import Embedder
+from tmem.ports import Embedder
 from tmem.query.memory import Memory
 from tmem.retrieval.scoring import bm25_scores, rank_positions, select, tokenize
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from benchstats import loadavg, machine_info, summary_ms, table
 
-from tmem.providers.embed import SentenceTransformerEmbedder
+from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORDS = ("pottery class hiking trail adoption agency guitar concert marathon training garden tomatoes painting "

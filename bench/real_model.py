@@ -88,7 +88,7 @@ def read_queue(queue: Path) -> list[dict[str, Any]]:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from tmem.providers.recording import write_recording
+    from tmem.devtools.recording import write_recording
 
     entries = read_queue(args.queue)
     write_recording(args.out, entries)
@@ -109,7 +109,7 @@ def _forwarding_replay(recording: Path, upstream: str | None) -> Any:
     costs only the requests it changes."""
     import urllib.request
 
-    from tmem.providers.recording import RecordedAnswer, ReplayServer, read_recording, request_key
+    from tmem.devtools.recording import RecordedAnswer, ReplayServer, read_recording, request_key
 
     class Forwarding(ReplayServer):
         def answer(self, body: Any) -> tuple[int, dict[str, Any]]:

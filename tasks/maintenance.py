@@ -11,11 +11,11 @@ from prefect import task
 
 from tmem.build.runtime import runtime_for
 from tmem.build.spec import BuildSpec
-from tmem.bundle import is_object_uri, lance_uri
 from tmem.ingest import ingest_parsed, read_archives
 from tmem.ingest.spool import drain_spool
 from tmem.store.conversations import conversation_states
 from tmem.store.duck import connect
+from tmem.store.lance_location import is_object_uri, lance_uri
 from tmem.store.maintenance import optimize_vectors
 from tmem.store.snapshot import prune_snapshots, unpublished_conversations
 

@@ -30,7 +30,7 @@ from tmem.build.conversation import ConversationBuild
 from tmem.build.runtime import BuildRuntime, release
 from tmem.build.spec import BuildSpec
 from tmem.errors import ConfigError
-from tmem.providers.journal import JournalBatch
+from tmem.ports import JournalBatch
 from tmem.settings import Settings, load_settings
 from tmem.store.exchange import exchange_path, export_exchange, write_journal
 

@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from tmem.devtools.scripted_llm import ScriptedLLM
 
 if TYPE_CHECKING:
-    from tmem.providers.chat import ChatConfig
+    from tmem.providers.openai_chat import ChatConfig
 
 # Process-wide defaults for anything a test may start (HF models, Prefect).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,7 +56,7 @@ def scripted_llm(scripted_llm_factory: Callable[..., ScriptedLLM]) -> ScriptedLL
 def chat_config() -> Callable[..., ChatConfig]:
     """``make(server, **overrides) -> ChatConfig`` pointing at a scripted server, with tiny delays."""
 
-    from tmem.providers.chat import ChatConfig  # imported here: `import openai` costs ~0.4 s
+    from tmem.providers.openai_chat import ChatConfig  # imported here: `import openai` costs ~0.4 s
 
     def make(server: ScriptedLLM, **overrides: Any) -> ChatConfig:
         knobs: dict[str, Any] = {

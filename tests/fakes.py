@@ -1,4 +1,4 @@
-"""A typed fake :class:`tmem.providers.base.ChatModel` for unit tests, plus small turn builders.
+"""A typed fake :class:`tmem.ports.ChatModel` for unit tests, plus small turn builders.
 
 The fake renders each prompt into the request body an OpenAI-compatible server would receive
 (messages + JSON schema), hands it to a responder ``(operation, request_json) -> content`` (a
@@ -10,7 +10,7 @@ With ``budgets=True`` it also enforces each prompt's completion budget as a host
 answer longer than the budget (at 4 characters a token, the budget resolved like the adapter's:
 ``output_budgets`` overrides, then the prompt's ``max_tokens``, capped by ``max_tokens``) is cut
 there, and the fake raises exactly what the adapter raises for a ``finish_reason == "length"``
-answer (:func:`tmem.providers.chat.truncation_error`).
+answer (:func:`tmem.providers.openai_chat.truncation_error`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from tmem.devtools import synth
-from tmem.devtools.scripted_llm import input_message, request_input, sequence_responder
+from tmem.devtools.responders import input_message, request_input, sequence_responder
 from tmem.domain import Scene, Turn
 from tmem.errors import CallSpend, LLMOutputError
 from tmem.ids import content_id
+from tmem.ports import Completion, TokenUsage
 from tmem.prompts.base import Prompt
 from tmem.prompts.common import parse_context
-from tmem.providers.chat import ChatConfig, truncation_error
-from tmem.providers.llm_ledger import Completion, TokenUsage
+from tmem.providers.openai_chat import ChatConfig, truncation_error
 
 CHARS_PER_TOKEN = 4
 
@@ -114,7 +114,7 @@ class FakeChatModel:
 
     def complete_metered(self, prompt: Prompt[R]) -> Completion[R]:
         """``complete`` as a metered adapter (one request, tokens at 4 characters each), so the fake can
-        sit under :class:`~tmem.providers.llm_ledger.CachedChatModel`."""
+        sit under :class:`~tmem.llm.response_cache.CachedChatModel`."""
         value = self.complete(prompt)
         sent = sum(len(m.content) for m in prompt.messages) // CHARS_PER_TOKEN
         return Completion(value, TokenUsage(sent, len(self.calls[-1].content) // CHARS_PER_TOKEN), requests=1)

@@ -18,14 +18,15 @@ import pytest
 
 import tmem.devtools.synth as synth  # registers the deterministic responders
 from tests.paths import LOCOMO10
-from tmem.bundle import VECTOR_TABLE
 from tmem.cli import run as cli_run
 from tmem.cli.base import CliContext
-from tmem.devtools.scripted_llm import Responder, ScriptedLLM, request_input
+from tmem.devtools.responders import Responder, request_input
+from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.domain import Memory
 from tmem.ingest import ingest_archives
 from tmem.store.duck import connect
 from tmem.store.lance import ConversationVectors, VectorStore
+from tmem.store.lance_location import VECTOR_TABLE
 from tmem.store.memory_rows import read_memory
 from tmem.store.runs import RunRecord, list_runs
 from tmem.store.snapshot import SnapshotInfo, current_snapshot

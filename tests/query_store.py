@@ -33,7 +33,7 @@ from tmem.domain import (
 )
 from tmem.index.embed import embed_memory_views
 from tmem.ingest.load import ingest_archives
-from tmem.providers.base import Embedder
+from tmem.ports import Embedder
 from tmem.retrieval.scoring import tokenize
 from tmem.store.duck import connect
 from tmem.store.lance import VectorStore

@@ -16,11 +16,13 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.conftest import TEST_API_KEY
-from tmem.devtools.scripted_llm import ScriptedLLM, request_input, sequence_responder
-from tmem.errors import LLMOutputError, LLMTransportError, LLMTruncatedError
+from tmem.devtools.responders import request_input, sequence_responder
+from tmem.devtools.scripted_llm import ScriptedLLM
+from tmem.errors import LLMOutputError, LLMRequestRejectedError, LLMTransportError, LLMTruncatedError
+from tmem.llm.response_cache import CachedChatModel, InMemoryResponseCache
+from tmem.llm.usage import InMemoryUsageLedger, total_usage
 from tmem.prompts.base import Message, Prompt, render_input
-from tmem.providers.chat import OPERATION_HEADER, ChatConfig, LLMRequestRejectedError, OpenAIChatModel
-from tmem.providers.llm_ledger import CachedChatModel, InMemoryResponseCache, InMemoryUsageLedger, total_usage
+from tmem.providers.openai_chat import OPERATION_HEADER, ChatConfig, OpenAIChatModel
 from tmem.settings import load_settings
 from tmem.store.duck import connect
 from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger
@@ -438,7 +440,7 @@ def test_endpoint_reachable_tells_a_live_server_from_a_closed_port(scripted_llm,
 
     from pydantic import SecretStr
 
-    from tmem.providers.chat import endpoint_reachable
+    from tmem.providers.openai_chat import endpoint_reachable
 
     assert endpoint_reachable(chat_config(scripted_llm), timeout_s=2.0)
     with socket.socket() as sock:

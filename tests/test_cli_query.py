@@ -138,7 +138,7 @@ def test_lexical_query_imports_no_model_and_no_lancedb(store: Path) -> None:
 @pytest.fixture(scope="module")
 def minilm_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store embedded with the real MiniLM (the configured default), for the hybrid CLI path."""
-    from tmem.providers.embed import SentenceTransformerEmbedder
+    from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
 
     path = tmp_path_factory.mktemp("minilm") / "store"
     build_store(path, [make_conv("conv-a", mark="alpha", scenes=4, items_per_scene=1)], SentenceTransformerEmbedder())
@@ -163,7 +163,7 @@ def test_answer_with_the_local_provider_goes_through_the_embedded_endpoint(
     environment afterwards; without the [local] extra it is a clear error, exit 2."""
     from contextlib import contextmanager
 
-    from tmem.providers import local_llm
+    from tmem.providers import llama_cpp
     from tmem.settings import load_settings
 
     llm = scripted_llm_factory(responders={"answer": scripted_answer})
@@ -172,10 +172,10 @@ def test_answer_with_the_local_provider_goes_through_the_embedded_endpoint(
     @contextmanager
     def fake_server(settings: Settings):  # type: ignore[no-untyped-def]
         started.append(str(settings.store))
-        yield local_llm.LocalServer(base_url=llm.url, model="tiny-local", pid=0, log_path=tmp_path / "log")
+        yield llama_cpp.LocalServer(base_url=llm.url, model="tiny-local", pid=0, log_path=tmp_path / "log")
 
-    monkeypatch.setattr(local_llm, "local_server_for", fake_server)
-    monkeypatch.setattr(local_llm, "llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(llama_cpp, "local_server_for", fake_server)
+    monkeypatch.setattr(llama_cpp, "llama_cpp_installed", lambda: True)
     monkeypatch.setenv("TMEM_LLM_PROVIDER", "local")
     monkeypatch.setenv("TMEM_LLM_BASE_URL", "http://127.0.0.1:9/v1")  # ignored: local was asked for
     monkeypatch.delenv("TMEM_LLM_ANSWER_MODEL", raising=False)
@@ -187,7 +187,7 @@ def test_answer_with_the_local_provider_goes_through_the_embedded_endpoint(
     assert started == [str(store)] and "embedded model tiny-local" in err.getvalue()
     assert os.environ["TMEM_LLM_BASE_URL"] == "http://127.0.0.1:9/v1" and "TMEM_LLM_ANSWER_MODEL" not in os.environ
 
-    monkeypatch.setattr(local_llm, "llama_cpp_installed", lambda: False)
+    monkeypatch.setattr(llama_cpp, "llama_cpp_installed", lambda: False)
     out, err = io.StringIO(), io.StringIO()
     code = run(argv, CliContext(stdout=out, stderr=err, settings_loader=load_settings))
     assert code == 2 and "embedded model is not installed" in err.getvalue() and out.getvalue() == ""

@@ -27,12 +27,13 @@ from tmem.construct import (
     segment,
     segment_outcome,
 )
-from tmem.devtools.scripted_llm import request_input
+from tmem.devtools.responders import request_input
 from tmem.domain import Item, Topic
 from tmem.errors import LLMTruncatedError, ValidationFailure
+from tmem.llm.response_cache import CachedChatModel, InMemoryResponseCache
+from tmem.llm.usage import InMemoryUsageLedger
 from tmem.prompts import persona as persona_prompt
 from tmem.prompts import topic_create, topic_match
-from tmem.providers.llm_ledger import CachedChatModel, InMemoryResponseCache, InMemoryUsageLedger
 
 # -- item extraction -------------------------------------------------------------------------------
 

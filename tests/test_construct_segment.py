@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.fakes import FakeChatModel, dialogue, replies
 from tmem.construct import segment
-from tmem.devtools.scripted_llm import request_input
+from tmem.devtools.responders import request_input
 from tmem.errors import ValidationFailure
 
 PACK = {"title": "t", "summary": "s", "narrative": "n"}

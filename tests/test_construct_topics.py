@@ -11,7 +11,7 @@ import pytest
 from tests.fakes import FakeChatModel, edited, replies, scene
 from tmem.construct import admit_topics
 from tmem.construct.topics import topic_id
-from tmem.devtools.scripted_llm import request_input
+from tmem.devtools.responders import request_input
 from tmem.domain import Topic
 from tmem.errors import ValidationFailure
 

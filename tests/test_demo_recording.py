@@ -37,13 +37,7 @@ from tmem.demo_recording import (
     write_manifest,
 )
 from tmem.devtools import synth
-from tmem.devtools.scripted_llm import ScriptedLLM, request_input
-from tmem.errors import LLMError
-from tmem.prompts import item_extract, topic_create
-from tmem.prompts.base import prompt_versions
-from tmem.providers.chat import ChatConfig, OpenAIChatModel
-from tmem.providers.local_llm import LocalServer
-from tmem.providers.recording import (
+from tmem.devtools.recording import (
     RecordingProxy,
     ReplayServer,
     answer_text,
@@ -52,6 +46,13 @@ from tmem.providers.recording import (
     request_key,
     write_recording,
 )
+from tmem.devtools.responders import request_input
+from tmem.devtools.scripted_llm import ScriptedLLM
+from tmem.errors import LLMError
+from tmem.prompts import item_extract, topic_create
+from tmem.prompts.base import prompt_versions
+from tmem.providers.llama_cpp import LocalServer
+from tmem.providers.openai_chat import ChatConfig, OpenAIChatModel
 from tmem.settings import Settings, load_settings
 
 QUESTIONS = [(q.text, q.speaker) for q in SAMPLE_QUESTIONS]

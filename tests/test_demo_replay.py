@@ -28,8 +28,8 @@ from tests.paths import REPO
 from tmem.demo import SAMPLE_QUESTIONS
 from tmem.demo_recording import file_digest, manifest_path
 from tmem.devtools import synth
+from tmem.devtools.recording import read_entries, write_recording
 from tmem.devtools.scripted_llm import ScriptedLLM
-from tmem.providers.recording import read_entries, write_recording
 
 pytestmark = [pytest.mark.slow, pytest.mark.prefect, pytest.mark.timeout(1800)]
 

@@ -9,7 +9,7 @@ import numpy as np
 from tmem.domain import Memory, Scene, Turn
 from tmem.index.embed import embed_memory_views
 from tmem.index.views import dialogue_chunks, memory_views, word_budget
-from tmem.providers.embed import SentenceTransformerEmbedder
+from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
 from tmem.retrieval.cascade import search
 from tmem.retrieval.config import RetrievalConfig
 from tmem.retrieval.index import VectorBundle, build_index

@@ -14,15 +14,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tmem.providers.base import Embedder
-from tmem.providers.embed import (
+from tmem.bundle import embedder_from_settings
+from tmem.errors import EmbeddingError
+from tmem.llm.cached_embedder import CachedEmbedder, InMemoryEmbeddingCache, embedding_key
+from tmem.ports import Embedder
+from tmem.providers.sentence_transformer import (
     DEFAULT_EMBEDDING_MODEL,
-    CachedEmbedder,
-    EmbeddingError,
-    InMemoryEmbeddingCache,
     SentenceTransformerEmbedder,
-    embedder_from_settings,
-    embedding_key,
     resolve_model_source,
     torch_threads,
 )
@@ -159,7 +157,8 @@ def test_unknown_model_fails_with_a_typed_error_naming_it(tmp_path: Path, monkey
 def test_asking_for_dim_does_not_import_sentence_transformers() -> None:
     script = (
         "import sys\n"
-        "from tmem.providers.embed import SentenceTransformerEmbedder, CachedEmbedder, InMemoryEmbeddingCache\n"
+        "from tmem.providers.sentence_transformer import SentenceTransformerEmbedder\n"
+        "from tmem.llm.cached_embedder import CachedEmbedder, InMemoryEmbeddingCache\n"
         "e = SentenceTransformerEmbedder()\n"
         "c = CachedEmbedder(e, InMemoryEmbeddingCache())\n"
         "assert c.dim == 384, c.dim\n"

@@ -1,4 +1,4 @@
-"""The build's one embedding worker (tmem/providers/embed_queue.py): callers from many threads get
+"""The build's one embedding worker (tmem/llm/embed_queue.py): callers from many threads get
 their own rows, their texts share calls of the inner embedder, a failed call fails exactly its
 callers, and a closed queue refuses work."""
 
@@ -12,7 +12,7 @@ import numpy.typing as npt
 import pytest
 
 from tests.test_embed import CountingEmbedder, HashEmbedder
-from tmem.providers.embed_queue import CoalescingEmbedder
+from tmem.llm.embed_queue import CoalescingEmbedder
 
 
 class GatedEmbedder(CountingEmbedder):

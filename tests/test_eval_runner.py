@@ -20,7 +20,8 @@ from pydantic import ValidationError
 from tests.fakes import FakeChatModel
 from tests.paths import DATASETS
 from tests.query_store import HashEmbedder, build_store, make_conv
-from tmem.devtools.scripted_llm import ScriptedLLM, input_message, request_input
+from tmem.devtools.responders import input_message, request_input
+from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.eval.ablations import EvalConfig, ablation_configs, sweep_configs
 from tmem.eval.examples import QAExample
 from tmem.eval.judge import JudgeSetup, judge_prompt, read_verdict

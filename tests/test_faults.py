@@ -36,14 +36,8 @@ import tmem.devtools.synth as synth
 from tests.flow_helpers import SPEAKERS, build, ingest_slice, published, set_llm_env
 from tmem.cli import run as cli_run
 from tmem.cli.base import CliContext
-from tmem.devtools.scripted_llm import (
-    FAULT_KINDS,
-    FaultKind,
-    RecordedRequest,
-    ScriptedLLM,
-    input_message,
-    request_input,
-)
+from tmem.devtools.responders import input_message, request_input
+from tmem.devtools.scripted_llm import FAULT_KINDS, FaultKind, RecordedRequest, ScriptedLLM
 from tmem.ids import content_hash
 from tmem.store.memory_image import MemoryImage, diff_images, memory_image
 

@@ -31,7 +31,8 @@ from tests.flow_helpers import (
 )
 from tmem.cli import run as cli_run
 from tmem.cli.base import CliContext
-from tmem.devtools.scripted_llm import ScriptedLLM, request_input
+from tmem.devtools.responders import request_input
+from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.store.build_notes import construction_health
 from tmem.store.duck import connect
 

@@ -25,19 +25,11 @@ from tmem.cli.base import CliContext
 from tmem.errors import ForgetError, IngestError, ScopeError
 from tmem.ids import conversation_partition
 from tmem.ingest.load import ingest_archives
+from tmem.llm.cached_embedder import embedding_key
+from tmem.llm.response_cache import CachedChatModel, InMemoryResponseCache
+from tmem.llm.usage import InMemoryUsageLedger
+from tmem.ports import CacheEntry, Completion, JournalBatch, TokenUsage, UsageRecord, conversation_scope
 from tmem.prompts.base import Message, Prompt
-from tmem.providers.embed import embedding_key
-from tmem.providers.journal import JournalBatch
-from tmem.providers.llm_ledger import (
-    CachedChatModel,
-    CacheEntry,
-    Completion,
-    InMemoryResponseCache,
-    InMemoryUsageLedger,
-    TokenUsage,
-    UsageRecord,
-)
-from tmem.providers.scope import conversation_scope
 from tmem.query.memory import Memory
 from tmem.settings import Settings
 from tmem.store.duck import connect, work_db_path

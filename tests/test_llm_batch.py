@@ -15,14 +15,16 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from tests.conftest import TEST_API_KEY
-from tmem.devtools.scripted_llm import ScriptedLLM, request_input
-from tmem.errors import LLMTransportError
+from tmem.devtools.responders import request_input
+from tmem.devtools.scripted_llm import ScriptedLLM
+from tmem.errors import BatchEndpointError, BatchFormatError, LLMRequestRejectedError, LLMTransportError
+from tmem.llm.batching import BatchConfig, BatchingChatModel
+from tmem.llm.response_cache import CachedChatModel, InMemoryResponseCache
+from tmem.llm.usage import InMemoryUsageLedger
 from tmem.pricing import cost_markdown, estimate_cost, price_table
 from tmem.prompts.base import Message, Prompt, render_input
-from tmem.providers.batch_api import BatchClient, BatchEndpointError, BatchFormatError, parse_results
-from tmem.providers.batching import BatchConfig, BatchingChatModel
-from tmem.providers.chat import ChatConfig, LLMRequestRejectedError, OpenAIChatModel
-from tmem.providers.llm_ledger import CachedChatModel, InMemoryResponseCache, InMemoryUsageLedger
+from tmem.providers.openai_batch import BatchClient, parse_results
+from tmem.providers.openai_chat import ChatConfig, OpenAIChatModel
 from tmem.settings import load_settings
 from tmem.store.batch_journal import DuckBatchJournal
 from tmem.store.duck import connect

@@ -21,7 +21,7 @@ from tests.test_prompts_snapshot import CASES
 from tmem.prompts import item_triggers, scene_boundaries, topic_match
 from tmem.prompts.base import Prompt, parse_input
 from tmem.prompts.common import EXAMPLE_HEADER
-from tmem.providers.local_llm import (
+from tmem.providers.llama_cpp import (
     LOCAL_PROFILE,
     LocalModel,
     LocalModelError,
@@ -31,7 +31,7 @@ from tmem.providers.local_llm import (
     resolve_model,
     resolve_provider,
 )
-from tmem.providers.local_server import (
+from tmem.providers.llama_cpp_server import (
     LOOSE_CHAR,
     STRICT_CHAR,
     drop_shape_example,
@@ -40,6 +40,7 @@ from tmem.providers.local_server import (
     schema_grammar,
     tighten_schema,
 )
+from tmem.providers.registry import resolve_provider
 from tmem.settings import load_settings
 
 TMEM_OPERATIONS = sorted(op for op in CASES if not op.startswith(("judge", "memory_reply")))
@@ -239,7 +240,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
 
 
 def _chat(server: LocalServer, **overrides: Any) -> Any:
-    from tmem.providers.chat import ChatConfig, OpenAIChatModel
+    from tmem.providers.openai_chat import ChatConfig, OpenAIChatModel
 
     knobs: dict[str, Any] = {"max_tokens": 256, "max_retries": 0, "backoff_s": 0.0, "timeout_s": 300.0}
     knobs.update(overrides)
@@ -268,8 +269,8 @@ def test_one_real_generation_is_schema_valid_and_metered(server: LocalServer) ->
 
 
 def test_a_prompt_beyond_the_context_window_is_a_typed_rejection(server: LocalServer) -> None:
+    from tmem.errors import LLMRequestRejectedError
     from tmem.prompts import answer
-    from tmem.providers.chat import LLMRequestRejectedError
 
     prompt = answer.build(answer.AnswerInput(conversation_id="c", question="What?", context="word " * (N_CTX * 2)))
     chat = _chat(server, max_retries=3)
@@ -312,7 +313,7 @@ def test_server_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
 
     script = (
         "import time; from pathlib import Path\n"
-        "from tmem.providers.local_llm import local_llm_server, resolve_model\n"
+        "from tmem.providers.llama_cpp import local_llm_server, resolve_model\n"
         f"with local_llm_server(resolve_model('smollm2'), log_path=Path({str(tmp_path / 's.log')!r}), n_ctx=512) as s:\n"
         "    print(s.pid, flush=True); time.sleep(600)\n"
     )
@@ -341,19 +342,19 @@ def test_provider_endpoint_exports_the_embedded_endpoint_and_profile_only_inside
 ) -> None:
     from contextlib import contextmanager
 
-    from tmem.providers import local_llm
+    from tmem.providers import llama_cpp
 
     @contextmanager
     def fake_server(settings: Any) -> Iterator[LocalServer]:
         yield LocalServer(base_url="http://127.0.0.1:1/v1", model="tiny", pid=0, log_path=tmp_path / "log")
 
-    monkeypatch.setattr(local_llm, "local_server_for", fake_server)
-    monkeypatch.setattr(local_llm, "llama_cpp_installed", lambda: True)
+    monkeypatch.setattr(llama_cpp, "local_server_for", fake_server)
+    monkeypatch.setattr(llama_cpp, "llama_cpp_installed", lambda: True)
     monkeypatch.setenv("TMEM_SEGMENT_WINDOW", "12")
     for key in ("TMEM_LLM_BASE_URL", "TMEM_LLM_BUILD_BASE_URL", "TMEM_LLM_PROVIDER", "TMEM_TRIGGER_BATCH"):
         monkeypatch.delenv(key, raising=False)
     settings = load_settings()
-    with local_llm.provider_endpoint(settings, "build") as server:
+    with llama_cpp.provider_endpoint(settings, "build") as server:
         assert server is not None
         inside = load_settings()
         assert inside.endpoint("build").base_url == "http://127.0.0.1:1/v1" and inside.endpoint("build").model == "tiny"
@@ -362,5 +363,5 @@ def test_provider_endpoint_exports_the_embedded_endpoint_and_profile_only_inside
     assert "TMEM_LLM_BUILD_BASE_URL" not in os.environ and after.trigger_batch == settings.trigger_batch
 
     monkeypatch.setenv("TMEM_LLM_BUILD_BASE_URL", "http://127.0.0.1:2/v1")  # a role endpoint counts as configured
-    with local_llm.provider_endpoint(load_settings(), "build") as server:
+    with llama_cpp.provider_endpoint(load_settings(), "build") as server:
         assert server is None and os.environ["TMEM_LLM_BUILD_BASE_URL"] == "http://127.0.0.1:2/v1"

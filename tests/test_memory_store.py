@@ -111,8 +111,7 @@ def test_missing_manifest_is_a_store_error(tmp_path: Path) -> None:
 def test_typed_errors_survive_pickling() -> None:
     import pickle
 
-    from tmem.errors import IngestError, ValidationFailure
-    from tmem.providers.chat import LLMRequestRejectedError
+    from tmem.errors import IngestError, LLMRequestRejectedError, ValidationFailure
 
     for err in (
         ValidationFailure("item_extract", "conv-1 topic t", "unknown scene S9", raw_output="{}"),

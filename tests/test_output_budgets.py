@@ -21,16 +21,19 @@ from pydantic import BaseModel, Field, ValidationError
 
 import tmem.prompts
 from tests.fakes import dialogue
-from tmem.devtools.scripted_llm import ScriptedLLM, request_input, sequence_responder
+from tmem.devtools.responders import request_input, sequence_responder
+from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.errors import LLMOutputError, LLMTruncatedError
+from tmem.llm.response_cache import CachedChatModel, InMemoryResponseCache
+from tmem.llm.usage import InMemoryUsageLedger
+from tmem.ports import TokenUsage
 from tmem.prompts import persona as persona_prompt
 from tmem.prompts.base import Message, Prompt, render_input
 from tmem.prompts.budgets import DEFAULT_BUDGETS, FALLBACK_BUDGET, budget_for
 from tmem.prompts.common import dialogue_blocks
-from tmem.providers.batch_api import parse_result_line
-from tmem.providers.chat import ChatConfig, OpenAIChatModel
-from tmem.providers.llm_ledger import CachedChatModel, InMemoryResponseCache, InMemoryUsageLedger, TokenUsage
-from tmem.providers.local_llm import local_profile_env
+from tmem.providers.llama_cpp import local_profile_env
+from tmem.providers.openai_batch import parse_result_line
+from tmem.providers.openai_chat import ChatConfig, OpenAIChatModel
 from tmem.settings import Settings, load_settings
 from tmem.store.duck import connect
 from tmem.store.llm_cache import DuckUsageLedger

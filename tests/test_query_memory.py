@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from tests.query_store import HashEmbedder, build_store, make_conv, publish
-from tmem.devtools.scripted_llm import ScriptedLLM, input_message, request_input
+from tmem.devtools.responders import input_message, request_input
+from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.errors import ScopeError, StoreError
 from tmem.prompts import answer as answer_prompt
 from tmem.prompts.base import parse_input

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from tmem.devtools.recording import RecordingError, ReplayServer, read_recording, write_recording
 from tmem.errors import LLMError
 from tmem.prompts import topic_create
-from tmem.providers.chat import ChatConfig, OpenAIChatModel
-from tmem.providers.recording import RecordingError, ReplayServer, read_recording, write_recording
+from tmem.providers.openai_chat import ChatConfig, OpenAIChatModel
 
 
 def _prompt(title: str) -> object:

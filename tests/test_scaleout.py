@@ -11,23 +11,17 @@ import numpy as np
 import pytest
 
 from tests.flow_helpers import ingest_slice
-from tmem.bundle import is_object_uri, lance_uri, pinned_lance_uri
 from tmem.errors import ConfigError, StoreError
-from tmem.providers.embed import InMemoryEmbeddingCache
-from tmem.providers.journal import (
-    EmbeddingEntry,
-    JournalBatch,
-    JournalingEmbeddingCache,
-    JournalingResponseCache,
-    JournalingUsageLedger,
-    WorkJournal,
-)
-from tmem.providers.llm_ledger import CacheEntry, InMemoryResponseCache, UsageRecord
+from tmem.llm.cached_embedder import InMemoryEmbeddingCache
+from tmem.llm.journal import JournalingEmbeddingCache, JournalingResponseCache, JournalingUsageLedger, WorkJournal
+from tmem.llm.response_cache import InMemoryResponseCache
+from tmem.ports import CacheEntry, EmbeddingEntry, JournalBatch, UsageRecord
 from tmem.settings import load_settings
 from tmem.store.conversations import load_turns
 from tmem.store.duck import connect
 from tmem.store.exchange import check_worker_settings, exchange_path, export_exchange, open_exchange, write_journal
 from tmem.store.lance import VectorRow, VectorStore
+from tmem.store.lance_location import is_object_uri, lance_uri, pinned_lance_uri
 
 NOW = datetime(2024, 1, 2, 3, 4, tzinfo=UTC)
 

@@ -13,15 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tmem.devtools.scripted_llm import (
-    OPERATION_HEADER,
-    ScriptedLLM,
+from tmem.devtools.responders import (
     register_responder,
     registered_responders,
     request_input,
     sequence_responder,
     unregister_responder,
 )
+from tmem.devtools.scripted_llm import OPERATION_HEADER, ScriptedLLM
 from tmem.prompts.base import render_input
 
 SCHEMA = {

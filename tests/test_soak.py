@@ -48,7 +48,7 @@ from tests.paths import LOCOMO10, REPO
 from tests.query_store import THEMES, build_store, make_conv, publish
 from tests.soak_client import Observation, query_loop
 from tmem.devtools.scripted_llm import ScriptedLLM
-from tmem.providers.embed import SentenceTransformerEmbedder
+from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
 from tmem.store.snapshot import SnapshotInfo, current_snapshot
 
 pytestmark = [pytest.mark.slow]

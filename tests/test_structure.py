@@ -2,6 +2,11 @@
 
 * ``tmem/`` never imports Prefect; only ``tmem/store/`` imports duckdb or lancedb (type-only
   imports under ``TYPE_CHECKING`` aside);
+* only ``tmem/providers/`` imports the model libraries (openai, sentence-transformers, llama.cpp);
+* the core (domain, ports, prompts, construction, retrieval, the evaluation's metrics) imports no
+  adapter, store, Prefect wrapper or edge; the call layer ``tmem/llm/`` imports neither adapters
+  nor the store; ``tmem/providers/`` holds adapters that import only the ports and their settings;
+* no import loop anywhere (type-only and function-level imports count: a loop is a loop to a reader);
 * no module under ``tasks/`` imports ``flows/``;
 * the environment is read only by ``tmem/settings.py`` and the process entry points;
 * every Prefect task takes plain values — ids, paths, times, the build spec, the data a build
@@ -29,6 +34,15 @@ from tests.paths import REPO
 # Process entry points, which may set the environment for the libraries they drive.
 ENVIRONMENT_READERS = {"tmem/settings.py", "tmem/demo.py"}
 STORE_ONLY = {"duckdb", "lancedb", "lance"}
+MODEL_LIBRARIES = {"openai", "sentence_transformers", "transformers", "torch", "llama_cpp"}
+# The core: what the product is made of, independent of how it is stored, served or scheduled.
+CORE = ("tmem/domain.py", "tmem/ids.py", "tmem/errors.py", "tmem/ports.py", "tmem/prompts/", "tmem/construct/",
+        "tmem/retrieval/", "tmem/eval/f1.py", "tmem/eval/nlp.py", "tmem/eval/retrieval_metrics.py", "tmem/eval/judge.py")
+OUTSIDE_THE_CORE = ("tmem.providers", "tmem.store", "tmem.llm", "tmem.bundle", "tmem.build", "tmem.query",
+                    "tmem.cli", "tmem.devtools", "tasks", "flows", "deployments")
+# What an adapter may import of tmem: the ports, the errors and ids, the prompts it renders, its settings.
+ADAPTER_IMPORTS = ("tmem.ports", "tmem.errors", "tmem.ids", "tmem.prompts", "tmem.settings", "tmem.providers")
+PACKAGES = ("tmem", "flows", "tasks", "deployments")
 
 
 def sources(*roots: str) -> Iterator[tuple[str, ast.Module]]:
@@ -48,6 +62,117 @@ def runtime_imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
             yield from ((node.lineno, a.name) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.lineno, node.module
+
+
+def module_name(path: str) -> str:
+    parts = Path(path).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def every_import(path: str, tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import, type-only and function-level ones too, relative ones resolved;
+    ``from package import name`` names ``package.name`` too (it may be a module)."""
+    package = module_name(path) if path.endswith("__init__.py") else module_name(path).rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            yield node.lineno, module
+            yield from ((node.lineno, f"{module}.{a.name}") for a in node.names)
+
+
+def within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_only_the_adapters_import_the_model_libraries() -> None:
+    found = [f"{path}:{line} {module}" for path, tree in sources(*PACKAGES) for line, module in runtime_imports(tree)
+             if module.split(".")[0] in MODEL_LIBRARIES and not path.startswith("tmem/providers/")]
+    assert found == []
+
+
+def test_the_core_imports_no_adapter_store_wrapper_or_edge() -> None:
+    found = [f"{path}:{line} {module}" for path, tree in sources("tmem") if path.startswith(CORE)
+             for line, module in every_import(path, tree) if within(module, OUTSIDE_THE_CORE)]
+    assert found == []
+
+
+def test_the_call_layer_and_the_adapters_stay_apart() -> None:
+    found = [f"{path}:{line} {module}" for path, tree in sources("tmem/llm") for line, module in every_import(path, tree)
+             if within(module, ("tmem.providers", "tmem.store", "tmem.bundle", "tmem.build"))]
+    found += [f"{path}:{line} {module}" for path, tree in sources("tmem/providers")
+              for line, module in every_import(path, tree)
+              if module.split(".")[0] == "tmem" and module != "tmem" and not within(module, ADAPTER_IMPORTS)]
+    assert found == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    trees = dict(sources(*PACKAGES))
+    modules = {module_name(path) for path in trees}
+    graph: dict[str, set[str]] = {}
+    for path, tree in trees.items():
+        here = module_name(path)
+        targets = set()
+        for _, module in every_import(path, tree):
+            while module and module not in modules:  # a name inside a module: the module
+                module = module.rpartition(".")[0]
+            if module and module != here and not here.startswith(module + "."):  # a package's own face
+                targets.add(module)
+        graph[here] = targets
+    return graph
+
+
+def import_loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    loops: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        loops.append(sorted(component))
+    return loops
+
+
+def test_import_loops_are_found() -> None:
+    assert import_loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_loops({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_loop_anywhere() -> None:
+    assert import_loops(import_graph()) == []
 
 
 def test_the_library_imports_no_prefect_and_only_its_store_imports_the_databases() -> None:

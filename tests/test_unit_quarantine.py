@@ -16,7 +16,7 @@ from tmem.cli.build_cmd import exit_status
 from tmem.construct import item_triggers_outcome
 from tmem.construct.outcome import BuildNote, QuarantinedUnit
 from tmem.errors import LLMOutputError, LLMTransportError, ValidationFailure
-from tmem.providers.llm_ledger import OperationUsage
+from tmem.ports import OperationUsage
 from tmem.store.build_notes import construction_health, list_build_notes, record_build_notes
 from tmem.store.duck import apply_migrations, connect
 from tmem.store.migrations import MIGRATIONS

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tmem.providers.llm_ledger import OperationUsage
+from tmem.ports import OperationUsage
 
 
 @dataclass(frozen=True)

@@ -1,85 +1,36 @@
 """The clients a process builds once at the edge and passes down (STYLE.md §3).
 
-The build-role chat model (cached, metered, concurrency-bounded), the embedder (cached) and the
-vector store's location; a build's runtime (:mod:`tmem.build.runtime`), the query side and the
-evaluation assemble theirs from these. Construction code receives the pieces it needs as
-arguments; it never builds a client itself.
+The role's chat model (the provider's adapter under the call layer: cached, metered, batched
+when asked, concurrency-bounded) and the embedder (cached); a build's runtime
+(:mod:`tmem.build.runtime`), the query side and the evaluation assemble theirs from these.
+Construction code receives the pieces it needs as arguments; it never builds a client itself.
+Which adapter serves a provider name is :mod:`tmem.providers.registry`'s to say.
 """
 
 from __future__ import annotations
 
-import re
-import threading
-from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
-
-from tmem.prompts.base import Prompt
-from tmem.providers.base import ChatModel, Embedder
+from tmem.errors import ConfigError
+from tmem.llm.bounded import BoundedChatModel
+from tmem.llm.cached_embedder import CachedEmbedder
+from tmem.llm.response_cache import CachedChatModel
+from tmem.ports import BatchableChatModel, ChatModel, Embedder, EmbeddingCache, MeteredChatModel
+from tmem.providers.registry import ChatProvider, chat_provider, embedder_factory
 from tmem.settings import Role, Settings
 
 if TYPE_CHECKING:
     import duckdb
 
-    from tmem.providers.chat import OpenAIChatModel
-    from tmem.providers.llm_ledger import MeteredChatModel
-
-R = TypeVar("R", bound=BaseModel)
-
-LANCE_DIR = "lance"
-VECTOR_TABLE = "vectors"
-
-
-class BoundedChatModel:
-    """Caps in-flight calls of the wrapped model at ``limit`` across all threads of a process.
-
-    Prefect's tag concurrency limit (``llm``) bounds task runs on a server; this bound holds
-    for every code path, including local ephemeral runs where no limit is configured.
-    """
-
-    def __init__(self, inner: ChatModel, limit: int) -> None:
-        self._inner = inner
-        self._slots = threading.BoundedSemaphore(limit)
-
-    @property
-    def model_name(self) -> str:
-        return self._inner.model_name
-
-    def complete(self, prompt: Prompt[R]) -> R:
-        with self._slots:
-            return self._inner.complete(prompt)
-
-
-_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def is_object_uri(location: str) -> bool:
-    """True for a URI such as ``s3://bucket/lance`` (LanceDB opens it itself), False for a local path."""
-    return bool(_URI_SCHEME.match(location))
-
-
-def lance_uri(settings: Settings) -> str:
-    """Where the vectors live: ``TMEM_LANCE_URI`` (a URI is used verbatim), else ``STORE/lance``."""
-    if settings.lance_uri:
-        return settings.lance_uri
-    return str(Path(settings.store) / LANCE_DIR)
-
-
-def pinned_lance_uri(location: str) -> str:
-    """The location a snapshot manifest records: a URI unchanged, a local path made absolute."""
-    return location if is_object_uri(location) else str(Path(location).resolve())
-
 
 def chat_model_for(settings: Settings, role: Role, con: duckdb.DuckDBPyConnection | None, run_id: str) -> ChatModel:
-    """The role's chat model: OpenAI-compatible adapter, cached and metered in ``con`` when given."""
-    from tmem.providers.chat import ChatConfig, OpenAIChatModel
-    from tmem.providers.llm_ledger import CachedChatModel
+    """The role's chat model: the provider's adapter, cached and metered in ``con`` when given."""
     from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger
 
-    adapter = OpenAIChatModel(ChatConfig.from_settings(settings, role))
+    provider = chat_provider(settings, role)
+    adapter = provider.adapter(settings, role)
     batch_ops = settings.batch_operations if role == "build" else frozenset()
-    inner: MeteredChatModel = adapter if not batch_ops else _batching(settings, adapter, con, batch_ops)
+    inner: MeteredChatModel = adapter if not batch_ops else _batching(settings, provider, adapter, con, batch_ops)
     if con is None:
         cached = CachedChatModel(inner, cache=None, ledger=None, run_id=run_id)
     else:
@@ -90,34 +41,35 @@ def chat_model_for(settings: Settings, role: Role, con: duckdb.DuckDBPyConnectio
 
 
 def _batching(
-    settings: Settings, adapter: OpenAIChatModel, con: duckdb.DuckDBPyConnection | None, ops: frozenset[str]
+    settings: Settings, provider: ChatProvider, adapter: MeteredChatModel, con: duckdb.DuckDBPyConnection | None,
+    ops: frozenset[str],
 ) -> MeteredChatModel:
-    """The build adapter with ``ops`` sent through the OpenAI Batch API (``TMEM_LLM_BATCH=on``)."""
-    from tmem.providers.batch_api import BatchClient
-    from tmem.providers.batching import BatchConfig, BatchingChatModel
+    """The build adapter with ``ops`` sent through the provider's batch endpoint (``TMEM_LLM_BATCH=on``)."""
+    from tmem.llm.batching import BatchConfig, BatchingChatModel
     from tmem.store.batch_journal import DuckBatchJournal
 
-    endpoint = settings.endpoint("build")
-    client = BatchClient(endpoint.base_url, endpoint.api_key.get_secret_value(), timeout_s=settings.llm_timeout_s,
-                         max_retries=settings.llm_max_retries)
+    if provider.batch_transport is None or not hasattr(adapter, "request_body"):
+        raise ConfigError(f"TMEM_LLM_BATCH=on: provider {settings.llm_provider!r} has no batch endpoint")
+    batchable: BatchableChatModel = adapter  # type: ignore[assignment]  # checked above: it renders requests
     config = BatchConfig(
         operations=ops, linger_s=settings.llm_batch_linger_s, max_size=settings.llm_batch_max_size,
         poll_s=settings.llm_batch_poll_s, poll_max_s=settings.llm_batch_poll_max_s, sync_limit=settings.llm_concurrency,
     )
-    return BatchingChatModel(adapter, client, config, journal=DuckBatchJournal(con) if con is not None else None)
+    journal = DuckBatchJournal(con) if con is not None else None
+    return BatchingChatModel(batchable, provider.batch_transport(settings), config, journal=journal)
+
+
+def embedder_from_settings(settings: Settings, cache: EmbeddingCache | None = None, *, threads: int = 0) -> Embedder:
+    """The configured embedder (``TMEM_EMBEDDING_*``), behind ``cache`` when one is given; ``threads``
+    > 0 limits torch to that many threads during its calls (the query side's setting)."""
+    inner = embedder_factory(settings)(settings, threads)
+    return CachedEmbedder(inner, cache) if cache is not None else inner
 
 
 def embedder_for(settings: Settings, con: duckdb.DuckDBPyConnection | None, *, threads: int = 0) -> Embedder:
-    """The configured sentence-transformers embedder, cached by content hash in ``con`` when given;
-    ``threads`` > 0 limits torch to that many threads during its calls (the query side's setting)."""
-    from tmem.providers.embed import CachedEmbedder, SentenceTransformerEmbedder
-
-    inner = SentenceTransformerEmbedder(
-        settings.embedding_model, batch_size=settings.embedding_batch_size, device=settings.embedding_device,
-        threads=threads,
-    )
+    """:func:`embedder_from_settings`, cached by content hash in ``con`` when given."""
     if con is None:
-        return inner
+        return embedder_from_settings(settings, threads=threads)
     from tmem.store.embed_cache import DuckEmbeddingCache
 
-    return CachedEmbedder(inner, DuckEmbeddingCache(con))
+    return embedder_from_settings(settings, DuckEmbeddingCache(con), threads=threads)

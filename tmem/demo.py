@@ -49,8 +49,8 @@ from tmem.errors import LLMError
 from tmem.settings import Settings, apply_process_defaults, environ_overlay, load_settings
 
 if TYPE_CHECKING:
+    from tmem.devtools.recording import RecordingProxy
     from tmem.domain import Conversation
-    from tmem.providers.recording import RecordingProxy
     from tmem.query.memory import Answer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,7 +201,7 @@ def _missing_from_recording(backend: Backend) -> str | None:
 
 
 def _finish_recording(options: DemoOptions, proxy: RecordingProxy, settings: Settings, summary: dict[str, Any]) -> None:
-    from tmem.providers.recording import write_recording
+    from tmem.devtools.recording import write_recording
 
     current = current_validity(SAMPLE, [(q.text, q.speaker) for q in SAMPLE_QUESTIONS], settings)
     write_recording(options.recording, proxy.entries)

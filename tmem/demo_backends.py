@@ -29,8 +29,8 @@ from tmem.demo_recording import (
 from tmem.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from tmem.providers.local_llm import LocalServer
-    from tmem.providers.recording import RecordedAnswer, RecordingProxy, ReplayServer
+    from tmem.devtools.recording import RecordedAnswer, RecordingProxy, ReplayServer
+    from tmem.providers.llama_cpp import LocalServer
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDITY = REPO / "bench" / "results" / "local_validity.json"
@@ -106,7 +106,7 @@ def progress(log_path: Path) -> Iterator[None]:
 
 def default_launcher(settings: Settings) -> AbstractContextManager[LocalServer]:
     """The embedded model's server (llama.cpp), started on ``with``."""
-    from tmem.providers.local_llm import PIP_LOCAL, LocalModelError, llama_cpp_installed, local_server_for
+    from tmem.providers.llama_cpp import PIP_LOCAL, LocalModelError, llama_cpp_installed, local_server_for
 
     if not llama_cpp_installed():
         raise LocalModelError(f"the embedded model needs the [local] extra: {PIP_LOCAL}")
@@ -116,7 +116,7 @@ def default_launcher(settings: Settings) -> AbstractContextManager[LocalServer]:
 def open_backend(stack: ExitStack, settings: Settings, request: BackendRequest,
                  launch_embedded: LaunchEmbedded = default_launcher) -> Backend | None:
     """Start what the demo's calls go to (closed with ``stack``); None after printing why not."""
-    from tmem.providers.local_llm import resolve_provider
+    from tmem.providers.registry import resolve_provider
 
     if request.dry_run:
         from tmem.devtools import synth  # registers the scripted responders
@@ -139,7 +139,7 @@ def open_backend(stack: ExitStack, settings: Settings, request: BackendRequest,
 
 
 def _open_endpoint(settings: Settings) -> Backend | None:
-    from tmem.providers.chat import ChatConfig, endpoint_reachable
+    from tmem.providers.openai_chat import ChatConfig, endpoint_reachable
 
     endpoint = settings.endpoint("build")
     if not endpoint_reachable(ChatConfig.from_settings(settings, "build"), timeout_s=5.0):
@@ -151,7 +151,7 @@ def _open_endpoint(settings: Settings) -> Backend | None:
 
 
 def _open_embedded(stack: ExitStack, settings: Settings, launch: LaunchEmbedded) -> Backend | None:
-    from tmem.providers.local_llm import LocalModelError, local_profile_env
+    from tmem.providers.llama_cpp import LocalModelError, local_profile_env
 
     profile = local_profile_env(settings)
     print(f"Embedded model: {settings.local_model} (llama.cpp on 127.0.0.1, answers grammar-constrained to "
@@ -171,7 +171,7 @@ def _open_embedded(stack: ExitStack, settings: Settings, launch: LaunchEmbedded)
 
 def _open_replay(stack: ExitStack, recording: Path, label: str, models: dict[str, str],
                  answers: Mapping[str, RecordedAnswer]) -> Backend:
-    from tmem.providers.recording import ReplayServer
+    from tmem.devtools.recording import ReplayServer
 
     build_model = models.get("build") or "recording"
     answer_model = models.get("answer") or build_model
@@ -186,8 +186,8 @@ def _open_replay(stack: ExitStack, recording: Path, label: str, models: dict[str
 
 
 def _open_recorder(stack: ExitStack, settings: Settings, request: BackendRequest) -> Backend | None:
-    from tmem.providers.chat import ChatConfig, endpoint_reachable
-    from tmem.providers.recording import RecordingError, RecordingProxy, read_entries
+    from tmem.devtools.recording import RecordingError, RecordingProxy, read_entries
+    from tmem.providers.openai_chat import ChatConfig, endpoint_reachable
 
     url = str(request.record_through)
     recording = request.recording

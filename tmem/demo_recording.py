@@ -1,7 +1,7 @@
 """The recording ``make demo`` replays: a capable model's answers to the sample's build and questions.
 
 Two files beside the sample archive: the recording (``examples/sample_recording.jsonl``, the format
-of :mod:`tmem.providers.recording`: one answered request a line) and its manifest
+of :mod:`tmem.devtools.recording`: one answered request a line) and its manifest
 (``examples/sample_recording.json``), which names what the recording is valid for — the archive's
 content digest, the prompt version of every operation the demo asks, every setting that changes
 the requests the demo sends (or which of them it sends), the demo's questions — and what it is: a
@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tmem.providers.recording import RecordedAnswer, RecordingError, read_recording
+from tmem.devtools.recording import RecordedAnswer, RecordingError, read_recording
 from tmem.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def file_digest(path: Path) -> str:
 
 def demo_operations() -> frozenset[str]:
     """Every LLM operation the demo can ask: the build's and the answer."""
-    from flows.build_memory import BUILD_OPERATIONS  # the flow's own list (tests/test_build_fingerprint.py)
+    from tmem.build.spec import BUILD_OPERATIONS  # the build's own list (tests/test_build_fingerprint.py)
 
     return BUILD_OPERATIONS | {"answer"}
 

@@ -113,6 +113,34 @@ class LLMTruncatedError(LLMOutputError):
         self.max_tokens = max_tokens
 
 
+class LLMRequestRejectedError(LLMError):
+    """The endpoint refused the request for good (HTTP 4xx other than 408/429): not retried."""
+
+    def __init__(self, operation: str, input_ref: str, reason: str, status_code: int) -> None:
+        self.status_code = status_code
+        super().__init__(operation, input_ref, reason)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, int]]:  # type: ignore[override]
+        return (type(self), (self.operation, self.input_ref, self.reason, self.status_code))
+
+
+class BatchFormatError(LLMError):
+    """A batch result file that is not the documented JSONL (names the file and the line)."""
+
+
+class BatchEndpointError(TmemError):
+    """A Files/Batches request failed after the client's retries (message scrubbed of the API key)."""
+
+
+class EmbeddingError(TmemError):
+    """An embedding model could not be loaded or returned unusable output. Names the model."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        self.model = model
+        self.reason = reason
+        super().__init__(f"embedding model {model!r}: {reason}")
+
+
 class ValidationFailure(LLMOutputError):
     """The answer parsed but contradicts its input (e.g. an unknown source scene id)."""
 

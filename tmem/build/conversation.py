@@ -44,7 +44,7 @@ from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_ba
 from tmem.domain import Item, ItemTriggers, Memory, Persona, Scene, SceneTriggers, Topic, Turn
 from tmem.errors import LLMError
 from tmem.index.embed import embed_memory_views
-from tmem.providers.journal import JournalBatch
+from tmem.ports import JournalBatch
 from tmem.store.conversations import load_turns
 from tmem.store.lance import VectorRow
 

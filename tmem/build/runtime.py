@@ -25,19 +25,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tmem.build.spec import BuildSpec, build_fingerprint
-from tmem.bundle import BoundedChatModel, chat_model_for, lance_uri
-from tmem.providers.base import ChatModel, Embedder
-from tmem.providers.embed import CachedEmbedder, SentenceTransformerEmbedder
-from tmem.providers.embed_queue import CoalescingEmbedder
-from tmem.providers.llm_ledger import OperationUsage
+from tmem.bundle import chat_model_for
+from tmem.llm.bounded import BoundedChatModel
+from tmem.llm.cached_embedder import CachedEmbedder
+from tmem.llm.embed_queue import CoalescingEmbedder
+from tmem.ports import ChatModel, Embedder, OperationUsage
+from tmem.providers.registry import chat_provider, embedder_factory
 from tmem.settings import Settings
 from tmem.store.embed_cache import DuckEmbeddingCache
+from tmem.store.lance_location import lance_uri
 from tmem.store.stage_cache import StageCache
 
 if TYPE_CHECKING:
     import duckdb
 
-    from tmem.providers.journal import JournalBatch, WorkJournal
+    from tmem.llm.journal import WorkJournal
+    from tmem.ports import JournalBatch
     from tmem.store.lance import VectorStore
 
 
@@ -77,7 +80,7 @@ def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     settings = spec.load_settings()
     con = connect(settings.store)
     chat = chat_model_for(settings, "build", con, run_id)
-    queue = CoalescingEmbedder(_sentence_transformer(settings))
+    queue = CoalescingEmbedder(_embedder(settings))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=chat,
         embedder=CachedEmbedder(queue, DuckEmbeddingCache(con)), stages=StageCache.of_store(settings.store),
@@ -85,21 +88,14 @@ def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     )
 
 
-def _sentence_transformer(settings: Settings) -> SentenceTransformerEmbedder:
-    return SentenceTransformerEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size,
-                                       device=settings.embedding_device)
+def _embedder(settings: Settings) -> Embedder:
+    return embedder_factory(settings)(settings, 0)
 
 
 def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRuntime:
     """The runtime of a process that must not write the working database (a Dask worker)."""
-    from tmem.providers.chat import ChatConfig, OpenAIChatModel
-    from tmem.providers.journal import (
-        JournalingEmbeddingCache,
-        JournalingResponseCache,
-        JournalingUsageLedger,
-        WorkJournal,
-    )
-    from tmem.providers.llm_ledger import CachedChatModel
+    from tmem.llm.journal import JournalingEmbeddingCache, JournalingResponseCache, JournalingUsageLedger, WorkJournal
+    from tmem.llm.response_cache import CachedChatModel
     from tmem.store.exchange import check_worker_settings, open_exchange
     from tmem.store.llm_cache import DuckResponseCache
 
@@ -112,12 +108,12 @@ def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRu
         raise
     journal = WorkJournal()
     cached = CachedChatModel(
-        OpenAIChatModel(ChatConfig.from_settings(settings, "build")),
+        chat_provider(settings, "build").adapter(settings, "build"),
         cache=JournalingResponseCache(DuckResponseCache(con), journal),
         ledger=JournalingUsageLedger(journal),
         run_id=run_id,
     )
-    queue = CoalescingEmbedder(_sentence_transformer(settings))
+    queue = CoalescingEmbedder(_embedder(settings))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=BoundedChatModel(cached, settings.llm_concurrency),
         embedder=CachedEmbedder(queue, JournalingEmbeddingCache(DuckEmbeddingCache(con), journal)),

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from pydantic import TypeAdapter
 
 from tmem.construct import BuildNote, QuarantinedUnit, StageOutcome
-from tmem.providers.scope import conversation_scope
+from tmem.ports import conversation_scope
 from tmem.store.stage_cache import stage_key
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if not args.question.strip():
         print("error: the question is empty", file=ctx.stderr)
         return EXIT_BAD_INPUT
-    from tmem.providers.local_llm import LocalModelError, provider_endpoint
+    from tmem.providers.llama_cpp import LocalModelError, provider_endpoint
     from tmem.query.memory import Memory
 
     started = time.perf_counter()

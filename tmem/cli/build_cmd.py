@@ -79,7 +79,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     apply_process_defaults()
     from flows.build_memory import build_memory  # Prefect is imported only when a build runs
     from tmem.build.spec import BuildSpec
-    from tmem.providers.local_llm import LocalModelError, provider_endpoint, resolve_provider
+    from tmem.providers.llama_cpp import LocalModelError, provider_endpoint
+    from tmem.providers.registry import resolve_provider
 
     store = resolve_store(args, ctx)
     label = ",".join(args.conversation) if args.conversation else ("changed" if args.changed else "all")

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from tmem.domain import Turn
     from tmem.eval.examples import DefectReport, QAExample
     from tmem.eval.retrieval_metrics import Retriever
-    from tmem.providers.base import Embedder
+    from tmem.ports import Embedder
 
 SYSTEMS = ("tmem", "tmem-scenes", "flat", "session")
 DEFAULT_SYSTEMS = "tmem,flat,session"

@@ -45,8 +45,8 @@ def _say(ctx: CliContext) -> Any:
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
-    from tmem.bundle import lance_uri
     from tmem.store.forget import forget_conversation, resume_forgets
+    from tmem.store.lance_location import lance_uri
 
     store = resolve_store(args, ctx)
     settings = ctx.settings()

@@ -11,8 +11,8 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel
 
 from tmem.errors import ValidationFailure
+from tmem.ports import ChatModel
 from tmem.prompts.base import Prompt
-from tmem.providers.base import ChatModel
 
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)

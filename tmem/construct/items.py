@@ -51,10 +51,9 @@ from tmem.construct.outcome import BuildNote, StageLog, StageOutcome, ask_in_hal
 from tmem.domain import Item, Scene, TimeGranularity, TimeSource, Topic, Turn
 from tmem.errors import LLMOutputError
 from tmem.ids import content_id
+from tmem.ports import ChatModel, scoped
 from tmem.prompts import item_extract
 from tmem.prompts.common import dialogue_blocks
-from tmem.providers.base import ChatModel
-from tmem.providers.scope import scoped
 
 MAX_SCENES_PER_CALL = 12
 MAX_ITEM_KEYWORDS = 8

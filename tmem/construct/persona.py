@@ -22,10 +22,9 @@ from tmem.construct.outcome import BuildNote, StageLog, StageOutcome, ask_in_hal
 from tmem.construct.segment import ordered_turns
 from tmem.domain import Persona, PersonaFact, Turn
 from tmem.errors import LLMOutputError
+from tmem.ports import ChatModel, scoped
 from tmem.prompts import persona as persona_prompt
 from tmem.prompts.common import dialogue_blocks
-from tmem.providers.base import ChatModel
-from tmem.providers.scope import scoped
 
 CHUNK_TURNS = 250
 CHUNK_CHARS = 24_000

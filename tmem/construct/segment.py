@@ -30,10 +30,9 @@ from tmem.construct.outcome import StageLog, StageOutcome, ask_in_halves
 from tmem.domain import Scene, Turn
 from tmem.errors import LLMOutputError, LLMTruncatedError
 from tmem.ids import content_id
+from tmem.ports import ChatModel, scoped
 from tmem.prompts import scene_boundaries, scene_pack
 from tmem.prompts.common import dialogue_blocks
-from tmem.providers.base import ChatModel
-from tmem.providers.scope import scoped
 
 MAX_SCENE_TURNS = 40
 PACK_BATCH = 4

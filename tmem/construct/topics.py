@@ -31,10 +31,9 @@ from tmem.construct.common import DEFAULT_REASKS, Rejected, ask_checked, batched
 from tmem.construct.outcome import BuildNote, StageLog, StageOutcome, clip
 from tmem.domain import Scene, Topic
 from tmem.ids import content_id
+from tmem.ports import ChatModel, scoped
 from tmem.prompts import topic_create, topic_match
 from tmem.prompts.common import iso_date
-from tmem.providers.base import ChatModel
-from tmem.providers.scope import scoped
 
 MAX_KEYWORDS = 40
 

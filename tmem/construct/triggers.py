@@ -27,11 +27,10 @@ from tmem.construct.common import (
 from tmem.construct.outcome import BuildNote, StageLog, StageOutcome, ask_in_halves, clip
 from tmem.domain import HORIZON_CHANNELS, BridgeTrigger, Item, ItemTriggers, Scene, SceneTriggers, Turn
 from tmem.errors import LLMOutputError
+from tmem.ports import ChatModel, scoped
 from tmem.prompts import item_triggers as item_prompt
 from tmem.prompts import scene_triggers as scene_prompt
 from tmem.prompts.common import iso_date, iso_when
-from tmem.providers.base import ChatModel
-from tmem.providers.scope import scoped
 
 ITEM_BATCH = 6
 SCENE_BATCH = 4

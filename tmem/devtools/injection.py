@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 from tmem.devtools import synth
-from tmem.devtools.scripted_llm import Responder
+from tmem.devtools.responders import Responder
 from tmem.prompts.common import FEEDBACK_NOTE
 
 INJECTION_MARKER = "IGNORE PREVIOUS INSTRUCTIONS"

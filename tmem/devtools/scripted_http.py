@@ -9,15 +9,26 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from tmem.devtools.scripted_llm import ScriptedLLM
+from tmem.devtools.scripted_batch import ScriptedBatches
 
 OPERATION_HEADER = "X-Tmem-Operation"
 
 
-def make_handler(server: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
+class ChatServer(Protocol):
+    """What the routes need of the server (:class:`tmem.devtools.scripted_llm.ScriptedLLM`), which
+    imports this module: declared here so that the two do not import each other."""
+
+    model: str
+    batches: ScriptedBatches
+
+    def handle_chat(
+        self, operation: str, body: dict[str, Any], authorization: str
+    ) -> tuple[int, dict[str, Any], dict[str, str]]: ...
+
+
+def make_handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the openai client pools connections
         disable_nagle_algorithm = True  # else headers and body wait on delayed ACKs (~40 ms a call)

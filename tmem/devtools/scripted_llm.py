@@ -4,7 +4,7 @@ It serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1, and
 Batches endpoints of the Batch API (:mod:`tmem.devtools.scripted_batch`, ``server.batches``). The answer's
 content comes from a *responder*, ``(operation, request_json) -> content``, chosen by the
 request's ``X-Tmem-Operation`` header: first the responders given to :class:`ScriptedLLM`,
-then the module registry (:func:`register_responder`; ``tmem.devtools.synth`` registers its
+then the registry of :mod:`tmem.devtools.responders` (``tmem.devtools.synth`` registers its
 deterministic responders there on import), then ``default``. The request's input data is
 ``request_input(request_json)`` (``parse_input`` of the last user message with an input block).
 
@@ -29,83 +29,28 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import json
 import math
 import random
 import sys
 import threading
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Any, Literal, get_args
 
+from tmem.devtools.responders import (
+    Responder,
+    registered_responders,
+)
 from tmem.devtools.scripted_batch import ScriptedBatches
 from tmem.devtools.scripted_http import OPERATION_HEADER as OPERATION_HEADER  # re-exported
 from tmem.devtools.scripted_http import make_handler
-from tmem.prompts.base import INPUT_OPEN, parse_input
 
-Responder = Callable[[str, dict[str, Any]], str]
 FaultKind = Literal["rate_limit", "server_error", "slow", "timeout", "truncated", "invalid", "unauthorized"]
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
 FaultKeying = Literal["sequence", "content"]
-
-_REGISTRY: dict[str, Responder] = {}
-_REGISTRY_LOCK = threading.Lock()
-
-
-def register_responder(operation: str, responder: Responder) -> Responder:
-    """Register the default responder of ``operation`` (replacing any earlier one)."""
-    with _REGISTRY_LOCK:
-        _REGISTRY[operation] = responder
-    return responder
-
-
-def responder_for(operation: str) -> Callable[[Responder], Responder]:
-    """Decorator form of :func:`register_responder`."""
-    return lambda fn: register_responder(operation, fn)
-
-
-def unregister_responder(operation: str) -> None:
-    with _REGISTRY_LOCK:
-        _REGISTRY.pop(operation, None)
-
-
-def registered_responders() -> dict[str, Responder]:
-    with _REGISTRY_LOCK:
-        return dict(_REGISTRY)
-
-
-def input_message(request_json: dict[str, Any]) -> str:
-    """The last user message that carries an ``<input>`` block (repair re-asks come after it)."""
-    for message in reversed(request_json.get("messages", [])):
-        content = str(message.get("content") or "")
-        if message.get("role") == "user" and INPUT_OPEN in content:
-            return content
-    raise LookupError("no user message with an <input> block in the request")
-
-
-def request_input(request_json: dict[str, Any]) -> Any:
-    """The prompt's input data, as rendered by :func:`tmem.prompts.base.render_input`."""
-    return parse_input(input_message(request_json))
-
-
-def sequence_responder(*contents: str) -> Responder:
-    """Answers ``contents`` in order, then repeats the last one (thread-safe)."""
-    if not contents:
-        raise ValueError("sequence_responder needs at least one content")
-    lock = threading.Lock()
-    calls = [0]
-
-    def respond(operation: str, request_json: dict[str, Any]) -> str:
-        with lock:
-            index = min(calls[0], len(contents) - 1)
-            calls[0] += 1
-        return contents[index]
-
-    return respond
-
 
 @dataclass(frozen=True)
 class RecordedRequest:
@@ -370,21 +315,6 @@ class _QuietServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-def _load_synth_responders() -> dict[str, Responder]:
-    """The responders of ``tmem.devtools.synth`` if it exists.
-
-    Returned explicitly rather than read from the registry: under ``python -m`` this file
-    runs as ``__main__``, a different module object from the one synth registers into.
-    """
-    try:
-        synth = importlib.import_module("tmem.devtools.synth")
-    except ModuleNotFoundError as exc:
-        if exc.name != "tmem.devtools.synth":
-            raise  # synth exists but one of its own imports is missing: a real error
-        return {}
-    return dict(synth.RESPONDERS)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tmem.devtools.scripted_llm", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -402,10 +332,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-in-progress-polls", type=int, default=1, help="polls a batch answers in_progress")
     parser.add_argument("--batch-delay-s", type=float, default=0.0, help="a batch runs at least this long")
     args = parser.parse_args(argv)
-    synth_responders = _load_synth_responders()
-    for operation, fn in synth_responders.items():
-        register_responder(operation, fn)
-    has_synth = bool(synth_responders)
+    from tmem.devtools import synth  # registers its deterministic responders (tmem.devtools.responders)
+
+    has_synth = bool(synth.RESPONDERS)
     server = ScriptedLLM(
         model=args.model,
         host=args.host,

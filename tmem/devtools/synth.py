@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tmem.devtools.scripted_llm import input_message, register_responder, request_input
+from tmem.devtools.responders import input_message, register_responder, request_input
 from tmem.prompts.common import parse_context
 
 Responder = Callable[[str, dict[str, Any]], str]

@@ -20,9 +20,9 @@ from typing import Any
 
 from tmem.eval.examples import QAExample
 from tmem.eval.prompt_files import LABEL_SCORES, FileJudgement, PromptTemplate
+from tmem.ports import ChatModel
 from tmem.prompts import judge_locomo, judge_memory_awareness
 from tmem.prompts.base import Message, Prompt
-from tmem.providers.base import ChatModel
 
 FILE_JUDGE_OPERATION = "judge_file"
 SCORES = {"CORRECT": 1.0, "WRONG": 0.0}

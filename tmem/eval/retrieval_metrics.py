@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tmem.eval.examples import QAExample
-from tmem.providers.base import Embedder
+from tmem.ports import Embedder
 from tmem.retrieval.context import CHARS_PER_TOKEN, estimate_tokens
 
 if TYPE_CHECKING:

@@ -34,11 +34,11 @@ from tmem.eval.examples import QAExample
 from tmem.eval.judge import JudgeSetup, judge_answer
 from tmem.eval.prompt_files import FileAnswer, PromptTemplate
 from tmem.eval.run_folder import RunFolder
+from tmem.ports import ChatModel
 from tmem.prompts import answer as answer_prompt
 from tmem.prompts import memory_reply
 from tmem.prompts.base import Message, Prompt
 from tmem.prompts.common import when
-from tmem.providers.base import ChatModel
 from tmem.query.memory import Memory, QueryContext
 from tmem.retrieval.context import estimate_tokens
 

@@ -31,7 +31,7 @@ from tmem.eval.report import ReportFiles, build_report
 from tmem.eval.results import PLAN
 from tmem.eval.run_folder import BUILD_COSTS, RunFolder
 from tmem.eval.runner import QARunner, RunOptions, RunTally, embed_questions
-from tmem.providers.base import ChatModel, Embedder
+from tmem.ports import ChatModel, Embedder
 from tmem.settings import Settings
 
 Builder = Callable[[Path, list[str]], Mapping[str, Any]]

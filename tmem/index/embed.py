@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from tmem.domain import Memory, Turn
 from tmem.index.views import DIALOGUE_WINDOW_TURNS, memory_views, word_budget
-from tmem.providers.base import Embedder
+from tmem.ports import Embedder
 from tmem.store.lance import VectorRow
 
 

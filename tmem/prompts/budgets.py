@@ -25,7 +25,7 @@ low costs calls, not memory.
 
 ``TMEM_LLM_OUTPUT_BUDGETS`` overrides any of them (``item_extract=6000,persona=2000``) and
 ``TMEM_LLM_MAX_TOKENS`` caps them all (the embedded local model's profile sets 640); see
-:meth:`tmem.providers.chat.ChatConfig.max_tokens_for`.
+:meth:`tmem.providers.openai_chat.ChatConfig.max_tokens_for`.
 """
 
 from __future__ import annotations

@@ -24,17 +24,17 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tmem.bundle import VECTOR_TABLE
 from tmem.errors import ScopeError, StoreError
+from tmem.ports import ChatModel, Embedder
 from tmem.prompts import answer as answer_prompt
 from tmem.prompts.common import when
-from tmem.providers.base import ChatModel, Embedder
 from tmem.query.loader import CacheStats, IndexCache
 from tmem.retrieval.cascade import ScoredItem, ScoredScene, SearchResult, search
 from tmem.retrieval.config import RetrievalConfig, config_from_settings
 from tmem.retrieval.context import FormattedContext, format_context
 from tmem.retrieval.index import ConversationIndex
 from tmem.settings import Settings, load_settings
+from tmem.store.lance_location import VECTOR_TABLE
 from tmem.store.snapshot import CURRENT, SnapshotInfo, current_snapshot
 from tmem.store.snapshot_reader import SnapshotConversation, SnapshotReader
 

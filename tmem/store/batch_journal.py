@@ -1,6 +1,6 @@
 """DuckDB journal of Batch API submissions (tables of ``m005_llm_batches``).
 
-:class:`~tmem.providers.batching.BatchJournal` on ``llm_batches`` / ``llm_batch_requests``: a build
+:class:`~tmem.ports.BatchJournal` on ``llm_batches`` / ``llm_batch_requests``: a build
 killed while a batch is in flight finds the batch here on its next run and re-attaches to it.
 Statements are serialised on fresh cursors, as in :mod:`tmem.store.llm_cache`.
 """

@@ -1,6 +1,6 @@
 """The embedding cache in the builder's working DuckDB (table ``embedding_cache``, migration m003).
 
-Implements :class:`tmem.providers.embed.EmbeddingCache`. Every call runs on its own cursor
+Implements :class:`tmem.ports.EmbeddingCache`. Every call runs on its own cursor
 under a lock, so the cache can share the builder's connection with other threads.
 """
 
@@ -101,7 +101,7 @@ def record_embedding_owners(con: duckdb.DuckDBPyConnection, model: str, texts_by
     """Record that each conversation's published vectors embed these texts (``embedding_owners``,
     m010): ``tmem forget`` deletes a cached embedding once no remaining conversation owns it.
     Returns the rows written (existing ones are kept)."""
-    from tmem.providers.embed import embedding_key
+    from tmem.llm.cached_embedder import embedding_key
 
     rows = {(embedding_key(model, text), cid) for cid, texts in texts_by_conversation.items() for text in texts}
     if not rows:

@@ -5,7 +5,7 @@ open it at all. So before a distributed build the publisher exports what workers
 turns of the conversations to build and the LLM and embedding cache rows of the build's
 models — to ``STORE/exchange/<run_id>.duckdb``, which workers open read-only (any number of
 processes may). What workers would have written comes back as journal batches
-(:mod:`tmem.providers.journal`) and :func:`write_journal` stores them in one transaction.
+(:mod:`tmem.llm.journal`) and :func:`write_journal` stores them in one transaction.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from tmem.errors import ConfigError, StoreError
-from tmem.providers.journal import JournalBatch
+from tmem.ports import JournalBatch
 from tmem.settings import Settings
 from tmem.store.duck import open_read_only
 from tmem.store.llm_cache import INSERT_USAGE_FULL, usage_values

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import duckdb
 
-from tmem.providers.llm_ledger import CacheEntry, OperationUsage, UsageRecord
+from tmem.ports import CacheEntry, OperationUsage, UsageRecord
 
 _INSERT_USAGE = (
     "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
@@ -88,7 +88,7 @@ class _Serialised:
 
 
 class DuckResponseCache(_Serialised):
-    """:class:`~tmem.providers.llm_ledger.ResponseCache` on table ``llm_cache``."""
+    """:class:`~tmem.ports.ResponseCache` on table ``llm_cache``."""
 
     def get(self, cache_key: str) -> str | None:
         with self._cursor() as cur:
@@ -120,7 +120,7 @@ class DuckResponseCache(_Serialised):
 
 
 class DuckUsageLedger(_Serialised):
-    """:class:`~tmem.providers.llm_ledger.UsageLedger` on table ``llm_usage``.
+    """:class:`~tmem.ports.UsageLedger` on table ``llm_usage``.
 
     ``llm_usage`` has no column for "tokens estimated" (a server without ``usage``); when a
     later migration adds ``usage_estimated BOOLEAN`` it is written, until then it is dropped.

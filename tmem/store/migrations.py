@@ -257,7 +257,7 @@ M007_ITEM_TIME = Migration(
     """,
 )
 
-# Construction health per call (tmem.providers.llm_ledger.UsageRecord): the adapter's repair re-asks,
+# Construction health per call (tmem.ports.UsageRecord): the adapter's repair re-asks,
 # whether the call was a construction check's re-ask, whether its answer was cut at the completion
 # budget, whether it ended in invalid output; and the stages' notes per run (tmem.construct.outcome):
 # clipped lists, reclassified items, dropped refs, splits, quarantined units.
@@ -318,7 +318,7 @@ M009_QUARANTINE_UNITS = Migration(
 )
 
 # Forgetting a conversation (tmem.store.forget). The ledger and the batch journal name the
-# conversation each call was made for (tmem.providers.scope) and the ledger the cache key it used,
+# conversation each call was made for (tmem.ports) and the ledger the cache key it used,
 # so a conversation's cached answers can be found; a publish records which conversations own each
 # cached embedding. Rows written before this migration have NULL there ("unowned").
 # forget_tombstones: digests of forgotten ids (ingest refuses them unless readmitted explicitly);

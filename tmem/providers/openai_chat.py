@@ -27,10 +27,17 @@ from typing import Any, Literal, TypeVar
 import openai
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from tmem.errors import CallSpend, LLMError, LLMOutputError, LLMTransportError, LLMTruncatedError
+from tmem.errors import (
+    CallSpend,
+    LLMError,
+    LLMOutputError,
+    LLMRequestRejectedError,
+    LLMTransportError,
+    LLMTruncatedError,
+)
+from tmem.ports import Completion, TokenUsage
 from tmem.prompts.base import Prompt
 from tmem.prompts.budgets import FALLBACK_BUDGET
-from tmem.providers.llm_ledger import Completion, TokenUsage
 from tmem.settings import Role, RoleEndpoint, Settings, StructuredMode
 
 R = TypeVar("R", bound=BaseModel)
@@ -48,17 +55,6 @@ REPAIR_INSTRUCTION = (
     "Reply again with only the corrected JSON object, matching the schema."
 )
 _MAX_ERROR_CHARS = 600
-
-
-class LLMRequestRejectedError(LLMError):
-    """The endpoint refused the request for good (HTTP 4xx other than 408/429): not retried."""
-
-    def __init__(self, operation: str, input_ref: str, reason: str, status_code: int) -> None:
-        self.status_code = status_code
-        super().__init__(operation, input_ref, reason)
-
-    def __reduce__(self) -> tuple[type, tuple[str, str, str, int]]:  # type: ignore[override]
-        return (type(self), (self.operation, self.input_ref, self.reason, self.status_code))
 
 
 @dataclass(frozen=True)
@@ -174,7 +170,7 @@ def _describe_errors(exc: ValidationError) -> str:
 
 
 class OpenAIChatModel:
-    """:class:`~tmem.providers.base.ChatModel` over an OpenAI-compatible endpoint. Thread-safe."""
+    """:class:`~tmem.ports.ChatModel` over an OpenAI-compatible endpoint. Thread-safe."""
 
     def __init__(
         self,
@@ -387,6 +383,11 @@ class OpenAIChatModel:
             prompt.operation, prompt.input_ref, f"endpoint rejected the request: {self._describe(exc)}", status
         )
 
+
+
+def adapter_from_settings(settings: Settings, role: Role) -> OpenAIChatModel:
+    """The registered factory of provider ``openai`` (tmem.providers.registry)."""
+    return OpenAIChatModel(ChatConfig.from_settings(settings, role))
 
 
 def endpoint_reachable(config: ChatConfig, *, timeout_s: float = 3.0) -> bool:

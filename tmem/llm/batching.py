@@ -1,6 +1,6 @@
 """Route construction calls of chosen operations through the OpenAI Batch API.
 
-:class:`BatchingChatModel` is a metered chat adapter (what :class:`~tmem.providers.llm_ledger.CachedChatModel`
+:class:`BatchingChatModel` is a metered chat adapter (what :class:`~tmem.llm.response_cache.CachedChatModel`
 wraps, so cache hits never reach it). A call of a batched operation renders the same request
 body the synchronous adapter would send, queues it, and blocks; the queue is submitted as one
 batch after ``linger_s`` (or at once when it holds ``max_size`` requests); a poller thread per
@@ -9,7 +9,7 @@ The answer then goes through the synchronous adapter's validation and repair (re
 synchronously); a failed line raises the typed error the synchronous path raises for that status.
 
 Resumability: every submitted batch and the digests (content hashes of the request bodies) it
-carries go to a :class:`BatchJournal` (DuckDB in :mod:`tmem.store.batch_journal`). A request whose
+carries go to a :class:`~tmem.ports.BatchJournal` (DuckDB in :mod:`tmem.store.batch_journal`). A request whose
 digest belongs to a batch still in flight — submitted by a process that died — attaches to that
 batch instead of being sent again. Other operations pass straight to the synchronous adapter,
 at most ``sync_limit`` at a time.
@@ -23,71 +23,30 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel
 
-from tmem.errors import LLMError, LLMTransportError
+from tmem.errors import BatchEndpointError, BatchFormatError, LLMError, LLMRequestRejectedError, LLMTransportError
 from tmem.ids import content_hash
-from tmem.prompts.base import Prompt
-from tmem.providers.batch_api import (
-    BatchEndpointError,
-    BatchFormatError,
+from tmem.ports import (
+    BatchableChatModel,
+    BatchJournal,
     BatchState,
+    BatchTransport,
+    Completion,
     LineResult,
     RequestLine,
-    custom_id_for,
-    parse_results,
+    TokenUsage,
+    current_conversation,
 )
-from tmem.providers.chat import LLMRequestRejectedError
-from tmem.providers.llm_ledger import Completion, TokenUsage
-from tmem.providers.scope import current_conversation
+from tmem.prompts.base import Prompt
 
 R = TypeVar("R", bound=BaseModel)
 
 log = logging.getLogger(__name__)
 
-
-class SyncAdapter(Protocol):
-    """The synchronous adapter's surface used here (:class:`~tmem.providers.chat.OpenAIChatModel`)."""
-
-    @property
-    def model_name(self) -> str: ...
-
-    def request_body(self, prompt: Prompt[Any], extra: list[dict[str, str]] | None = None) -> dict[str, Any]: ...
-
-    def complete_metered(
-        self, prompt: Prompt[R], first: tuple[str, TokenUsage, str | None] | None = None
-    ) -> Completion[R]: ...
-
-
-class BatchTransport(Protocol):
-    """The Batch API endpoints (:class:`~tmem.providers.batch_api.BatchClient`)."""
-
-    def submit(self, lines: list[RequestLine], metadata: dict[str, str]) -> tuple[str, str]: ...
-
-    def retrieve(self, batch_id: str) -> BatchState: ...
-
-    def download(self, file_id: str) -> str: ...
-
-    def delete_file(self, file_id: str) -> None: ...
-
-
-class BatchJournal(Protocol):
-    """Submitted batches and their request digests, kept across processes."""
-
-    def in_flight(self, digest: str) -> tuple[str, str] | None:
-        """(batch id, custom id) of a batch not yet collected that carries ``digest``."""
-        ...
-
-    def submitted(
-        self, batch_id: str, input_file_id: str, model: str, requests: list[tuple[str, str, str, str | None]],
-        at: datetime,
-    ) -> None:
-        """Record a new batch and its requests as (digest, custom id, operation, conversation id or None)."""
-        ...
-
-    def finished(self, batch_id: str, status: str, at: datetime) -> None: ...
+MAX_CUSTOM_ID: Final = 64
 
 
 @dataclass(frozen=True)
@@ -119,7 +78,12 @@ class _Queued:
     digest: str
     body: dict[str, Any]
     future: Future[LineResult]
-    conversation_id: str | None = None  # whose request it is (tmem.providers.scope), for `tmem forget`
+    conversation_id: str | None = None  # whose request it is (tmem.ports), for `tmem forget`
+
+
+def custom_id_for(operation: str, digest: str) -> str:
+    """``<operation>.<digest prefix>``: unique per request body, readable in the provider's console."""
+    return f"{operation}.{digest}"[:MAX_CUSTOM_ID]
 
 
 def line_error(result: LineResult, operation: str, input_ref: str) -> LLMError:
@@ -149,7 +113,7 @@ class BatchingChatModel:
 
     def __init__(
         self,
-        sync: SyncAdapter,
+        sync: BatchableChatModel,
         transport: BatchTransport,
         config: BatchConfig,
         *,
@@ -310,7 +274,7 @@ class BatchingChatModel:
             results: dict[str, LineResult] = {}
             for file_id in (state.error_file_id, state.output_file_id):
                 if file_id:
-                    results.update(parse_results(self._transport.download(file_id), file_id))
+                    results.update(self._transport.results(file_id))
         except BaseException as exc:  # the batch may still run: it stays in the journal for the next run
             self._resolve(batch, None, f"following batch {batch.batch_id} failed: {type(exc).__name__}: {exc}")
             if not isinstance(exc, (BatchEndpointError, BatchFormatError)):

@@ -1,4 +1,4 @@
-"""Embedders: sentence-transformers on CPU, and a content-hash cache in front of any embedder.
+"""The sentence-transformers embedder (CPU); the content-hash cache in front of it is :mod:`tmem.llm.cached_embedder`.
 
 ``sentence_transformers`` (and torch) take ~6 s to import, so they are imported on the first
 call that really embeds, never at module import: a query that finds every vector it needs
@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from tmem.errors import TmemError
-from tmem.ids import content_hash
-from tmem.providers.base import Embedder
+from tmem.errors import EmbeddingError
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -37,15 +35,6 @@ _DIM_PRESERVING_MODULES = frozenset(
         "sentence_transformers.models.Normalize",
     }
 )
-
-
-class EmbeddingError(TmemError):
-    """An embedding model could not be loaded or returned unusable output. Names the model."""
-
-    def __init__(self, model: str, reason: str) -> None:
-        self.model = model
-        self.reason = reason
-        super().__init__(f"embedding model {model!r}: {reason}")
 
 
 def resolve_model_source(model: str) -> str:
@@ -187,97 +176,9 @@ def _local_max_seq_length(source: str) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-# ---- content-hash cache -------------------------------------------------------------------
-
-
-def embedding_key(model_name: str, text: str) -> str:
-    """Cache key of one text under one model (sha256 of both)."""
-    return content_hash("embedding", model_name, text)
-
-
-class EmbeddingCache(Protocol):
-    """Vectors by (model, text hash). Implementations are thread-safe."""
-
-    def get_many(self, model: str, text_hashes: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
-        """The cached vectors among ``text_hashes`` (misses are absent from the result)."""
-        ...
-
-    def put_many(self, model: str, vectors: Mapping[str, npt.NDArray[np.float32]]) -> None:
-        """Store vectors by text hash; an existing entry is kept."""
-        ...
-
-
-class InMemoryEmbeddingCache:
-    """A process-local :class:`EmbeddingCache` (tests, one-off runs)."""
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], npt.NDArray[np.float32]] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get_many(self, model: str, text_hashes: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
-        with self._lock:
-            return {h: self._entries[(model, h)] for h in text_hashes if (model, h) in self._entries}
-
-    def put_many(self, model: str, vectors: Mapping[str, npt.NDArray[np.float32]]) -> None:
-        with self._lock:
-            for text_hash, vector in vectors.items():
-                self._entries.setdefault((model, text_hash), np.array(vector, dtype=np.float32))
-
-
-class CachedEmbedder:
-    """An :class:`Embedder` that embeds each distinct text of a model at most once per cache.
-
-    Hits come from ``cache``; the distinct misses go to ``inner`` in batches of ``batch_size``
-    and are stored after each batch, so an interrupted run keeps what it paid for.
-    """
-
-    def __init__(self, inner: Embedder, cache: EmbeddingCache, *, batch_size: int = 256) -> None:
-        if batch_size < 1:
-            raise EmbeddingError(inner.model_name, f"batch_size must be positive, got {batch_size}")
-        self.inner = inner
-        self.cache = cache
-        self.batch_size = batch_size
-
-    @property
-    def model_name(self) -> str:
-        return self.inner.model_name
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    @property
-    def max_input_tokens(self) -> int | None:
-        return self.inner.max_input_tokens
-
-    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        model, dim = self.model_name, self.dim
-        keys = [embedding_key(model, t) for t in texts]
-        text_by_key = dict(zip(keys, texts, strict=True))  # first-occurrence order, duplicates merged
-        found = self.cache.get_many(model, list(text_by_key))
-        wrong = [k for k, v in found.items() if v.shape != (dim,)]
-        if wrong:
-            raise EmbeddingError(model, f"{len(wrong)} cached vectors do not have dim {dim} (e.g. key {wrong[0]})")
-        misses = [k for k in text_by_key if k not in found]
-        for start in range(0, len(misses), self.batch_size):
-            batch = misses[start : start + self.batch_size]
-            vectors = self.inner.embed([text_by_key[k] for k in batch])
-            if vectors.shape != (len(batch), dim):
-                raise EmbeddingError(model, f"returned shape {vectors.shape} for {len(batch)} texts, expected dim {dim}")
-            fresh = {k: np.asarray(v, dtype=np.float32) for k, v in zip(batch, vectors, strict=True)}
-            self.cache.put_many(model, fresh)
-            found.update(fresh)
-        return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
-
-
-def embedder_from_settings(settings: Settings, cache: EmbeddingCache | None = None) -> Embedder:
-    """The configured embedder (``TMEM_EMBEDDING_*``), behind ``cache`` when one is given."""
-    embedder: Embedder = SentenceTransformerEmbedder(
-        settings.embedding_model, batch_size=settings.embedding_batch_size, device=settings.embedding_device
+def embedder_for_settings(settings: Settings, threads: int = 0) -> SentenceTransformerEmbedder:
+    """The registered factory of provider ``sentence-transformers`` (tmem.providers.registry)."""
+    return SentenceTransformerEmbedder(
+        settings.embedding_model, batch_size=settings.embedding_batch_size, device=settings.embedding_device,
+        threads=threads,
     )
-    return CachedEmbedder(embedder, cache) if cache is not None else embedder

@@ -3,7 +3,7 @@
 tmem starts the server itself (:func:`local_llm_server`, a context manager), waits until it
 lists its model, hands out its OpenAI-compatible base URL, and stops it on exit. So the
 embedded model goes through exactly the same ``openai`` code path as a hosted model; the server
-side (``tmem.providers.local_server``) decodes every answer under the grammar of its response
+side (``tmem.providers.llama_cpp_server``) decodes every answer under the grammar of its response
 schema.
 
 A tiny model needs smaller tasks: :data:`LOCAL_PROFILE` holds the settings the embedded model
@@ -11,7 +11,7 @@ runs with (short segmentation windows, one host per trigger call, one call in fl
 completions), applied only where the user set nothing (:func:`local_profile_env`).
 
 Which model: ``TMEM_LOCAL_MODEL`` names a bundled model (:data:`BUNDLED_MODELS`) or a ``.gguf``
-path. Choosing between the endpoint and the embedded model: :func:`resolve_provider`.
+path. Choosing between the endpoint and the embedded model: :func:`tmem.providers.registry.resolve_provider`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import httpx
 
 from tmem.errors import TmemError
+from tmem.providers.registry import resolve_provider
 from tmem.settings import Role, Settings, environ_overlay
 
 PIP_LOCAL = "pip install -e '.[local]'  (or: make install)"
@@ -149,16 +149,6 @@ def local_profile_env(settings: Settings) -> dict[str, str]:
     }
 
 
-def resolve_provider(settings: Settings, role: Role = "build") -> Literal["openai", "local"]:
-    """``auto`` means: the configured endpoint when ``TMEM_LLM_BASE_URL`` (or the role's own
-    ``TMEM_LLM_<ROLE>_BASE_URL``) was set, else the embedded model. Nothing is probed, so the
-    choice never depends on a network hiccup."""
-    if settings.llm_provider != "auto":
-        return settings.llm_provider
-    configured = {"llm_base_url", f"llm_{role}_base_url"} & settings.model_fields_set
-    return "openai" if configured else "local"
-
-
 @dataclass(frozen=True)
 class LocalServer:
     base_url: str  # ends in /v1
@@ -220,7 +210,7 @@ def local_llm_server(
     threads = n_threads or default_threads()
     port = free_port()
     command = [
-        sys.executable, "-m", "tmem.providers.local_server", "--model", str(model.path), "--alias", model.alias,
+        sys.executable, "-m", "tmem.providers.llama_cpp_server", "--model", str(model.path), "--alias", model.alias,
         "--port", str(port), "--n-ctx", str(n_ctx), "--n-threads", str(threads),
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -258,13 +248,13 @@ def local_server_for(settings: Settings) -> Iterator[LocalServer]:
 def provider_endpoint(settings: Settings, role: Role) -> Iterator[LocalServer | None]:
     """Make ``role``'s model reachable for the ``with`` block, as the CLI commands need it.
 
-    When the provider resolves to ``openai`` nothing happens (yields ``None``). When it resolves to
+    When the provider resolves to anything but ``local`` nothing happens (yields ``None``). When it resolves to
     ``local``, the embedded model's server is started and its endpoint and the local profile are
     exported as ``TMEM_*`` variables for the block (the build flow and the query side read their
     settings from the environment), then restored. No endpoint and no embedded model is a
     :class:`LocalModelError` that says both ways out.
     """
-    if resolve_provider(settings, role) == "openai":
+    if resolve_provider(settings, role) != "local":
         yield None
         return
     if not llama_cpp_installed():

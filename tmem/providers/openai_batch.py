@@ -15,72 +15,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Final
 
 import openai
 
-from tmem.errors import LLMError, TmemError
-from tmem.providers.llm_ledger import TokenUsage
+from tmem.errors import BatchEndpointError, BatchFormatError
+from tmem.ports import BatchState, LineResult, RequestLine, TokenUsage
+from tmem.settings import Settings
 
 CHAT_URL: Final = "/v1/chat/completions"
 COMPLETION_WINDOW: Final = "24h"
-TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
-MAX_CUSTOM_ID = 64
-
-
-class BatchFormatError(LLMError):
-    """A batch result file that is not the documented JSONL (names the file and the line)."""
-
-
-class BatchEndpointError(TmemError):
-    """A Files/Batches request failed after the client's retries (message scrubbed of the API key)."""
-
-
-@dataclass(frozen=True)
-class RequestLine:
-    custom_id: str
-    body: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class LineResult:
-    """What the batch said about one request: an answer (status 200) or an error.
-
-    ``status_code`` is None when no HTTP response exists for the line (the batch expired, was
-    cancelled, or could not be followed): the caller treats that as a transport failure.
-    """
-
-    custom_id: str
-    status_code: int | None
-    content: str = ""
-    usage: TokenUsage | None = None
-    error: str = ""
-    batch_id: str = ""  # set when handed to a caller
-    finish_reason: str | None = None  # "length": the answer was cut at the request's max_tokens
-
-    @property
-    def ok(self) -> bool:
-        return self.status_code == 200
-
-
-@dataclass(frozen=True)
-class BatchState:
-    batch_id: str
-    status: str
-    input_file_id: str
-    output_file_id: str | None
-    error_file_id: str | None
-    errors: str  # batch-level errors (a batch that failed validation), joined
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-
-def custom_id_for(operation: str, digest: str) -> str:
-    """``<operation>.<digest prefix>``: unique per request body, readable in the provider's console."""
-    return f"{operation}.{digest}"[:MAX_CUSTOM_ID]
 
 
 def encode_lines(lines: list[RequestLine]) -> bytes:
@@ -185,9 +129,20 @@ class BatchClient:
         with self._call(f"download of file {file_id}"):
             return self._client.files.content(file_id).text
 
+    def results(self, file_id: str) -> dict[str, LineResult]:
+        """Every answered or failed line of a terminal batch's file ``file_id``, by custom id."""
+        return parse_results(self.download(file_id), file_id)
+
     def delete_file(self, file_id: str) -> None:
         with self._call(f"deletion of file {file_id}"):
             self._client.files.delete(file_id)
 
     def close(self) -> None:
         self._client.close()
+
+
+def transport_from_settings(settings: Settings) -> BatchClient:
+    """The Batch API of the build role's endpoint: the batch transport of provider ``openai``."""
+    endpoint = settings.endpoint("build")
+    return BatchClient(endpoint.base_url, endpoint.api_key.get_secret_value(), timeout_s=settings.llm_timeout_s,
+                       max_retries=settings.llm_max_retries)

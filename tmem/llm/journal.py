@@ -14,42 +14,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from tmem.providers.embed import EmbeddingCache
-from tmem.providers.llm_ledger import CacheEntry, OperationUsage, ResponseCache, UsageRecord, summarize_usage
-
-
-@dataclass(frozen=True)
-class EmbeddingEntry:
-    model: str
-    text_hash: str
-    vector: npt.NDArray[np.float32]
-
-
-@dataclass(frozen=True)
-class JournalBatch:
-    """What one worker recorded since its journal was last drained."""
-
-    cache_entries: tuple[CacheEntry, ...] = ()
-    usage: tuple[UsageRecord, ...] = ()
-    embeddings: tuple[EmbeddingEntry, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not (self.cache_entries or self.usage or self.embeddings)
-
-    @staticmethod
-    def merge(batches: Iterable[JournalBatch | None]) -> JournalBatch:
-        found = [b for b in batches if b is not None]
-        return JournalBatch(
-            cache_entries=tuple(e for b in found for e in b.cache_entries),
-            usage=tuple(u for b in found for u in b.usage),
-            embeddings=tuple(e for b in found for e in b.embeddings),
-        )
+from tmem.llm.usage import summarize_usage
+from tmem.ports import (
+    CacheEntry,
+    EmbeddingCache,
+    EmbeddingEntry,
+    JournalBatch,
+    OperationUsage,
+    ResponseCache,
+    UsageRecord,
+)
 
 
 class WorkJournal:
@@ -101,7 +79,7 @@ class JournalingResponseCache:
 
 
 class JournalingUsageLedger:
-    """A :class:`~tmem.providers.llm_ledger.UsageLedger` whose rows go to ``journal``."""
+    """A :class:`~tmem.ports.UsageLedger` whose rows go to ``journal``."""
 
     def __init__(self, journal: WorkJournal) -> None:
         self._journal = journal

@@ -1,8 +1,8 @@
 """The embedded model's server process: llama.cpp's OpenAI-compatible server, plus one bridge.
 
-``python -m tmem.providers.local_server --model PATH --port N`` serves ``/v1/chat/completions``
+``python -m tmem.providers.llama_cpp_server --model PATH --port N`` serves ``/v1/chat/completions``
 and ``/v1/models`` on 127.0.0.1 with ``llama_cpp.server`` (started and stopped by
-:func:`tmem.providers.local_llm.local_llm_server`; not meant to be run by hand).
+:func:`tmem.providers.llama_cpp.local_llm_server`; not meant to be run by hand).
 
 ``llama_cpp.server`` constrains generation with a grammar compiled from a JSON schema, but it
 takes the schema in the older ``{"type": "json_object", "schema": ...}`` form and refuses
@@ -416,7 +416,7 @@ def _exit_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tmem.providers.local_server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tmem.providers.llama_cpp_server", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="path to a GGUF file")
     parser.add_argument("--alias", required=True, help="the model name the server answers to")
     parser.add_argument("--port", type=int, required=True)

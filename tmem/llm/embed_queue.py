@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from tmem.providers.base import Embedder
+from tmem.ports import Embedder
 
 
 @dataclass
