@@ -29,7 +29,6 @@ from tmem.providers.llama_cpp import (
     local_llm_server,
     local_profile_env,
     resolve_model,
-    resolve_provider,
 )
 from tmem.providers.llama_cpp_server import (
     LOOSE_CHAR,
