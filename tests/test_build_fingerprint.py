@@ -1,6 +1,7 @@
-from tmem.build.spec import BUILD_OPERATIONS, build_fingerprint
+from tmem.build.spec import build_fingerprint
 from tmem.devtools import synth
 from tmem.prompts.base import prompt_versions
+from tmem.prompts.operations import BUILD_OPERATIONS
 from tmem.settings import load_settings
 
 

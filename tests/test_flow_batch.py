@@ -25,7 +25,7 @@ from tests.flow_helpers import ingest_slice, published, set_llm_env, wait_for
 from tests.paths import REPO
 from tmem.devtools.scripted_llm import RecordedRequest, ScriptedLLM
 from tmem.pricing import estimate_cost
-from tmem.settings import BATCHABLE_OPERATIONS
+from tmem.prompts.operations import BATCHABLE_OPERATIONS
 from tmem.store.duck import connect
 from tmem.store.memory_image import diff_images, memory_image
 

@@ -171,7 +171,7 @@ def render(prompt: Prompt[Any]) -> str:
 
 
 def operation_modules() -> list[Any]:
-    names = [m.name for m in pkgutil.iter_modules(tmem.prompts.__path__) if m.name not in {"base", "common", "budgets"}]
+    names = [m.name for m in pkgutil.iter_modules(tmem.prompts.__path__) if m.name not in {"base", "common", "budgets", "operations"}]
     return [importlib.import_module(f"tmem.prompts.{name}") for name in names]
 
 

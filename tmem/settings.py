@@ -16,12 +16,11 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tmem.prompts.budgets import parse_budgets
+from tmem.prompts.operations import BATCHABLE_OPERATIONS
 
 Role = Literal["build", "answer", "judge"]
 StructuredMode = Literal["auto", "json_schema", "json_object"]
 OnOff = Literal["off", "on"]
-# Construction operations off the serial path (segmentation and topic admission are serial).
-BATCHABLE_OPERATIONS = ("item_extract", "item_triggers", "scene_triggers", "persona")
 DEFAULT_BATCH_STAGES = ",".join(BATCHABLE_OPERATIONS)
 TaskRunnerKind = Literal["threads", "dask"]
 

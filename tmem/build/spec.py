@@ -22,13 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from tmem.ids import content_hash
 from tmem.index.views import VIEWS_VERSION
 from tmem.prompts.base import prompt_versions
+from tmem.prompts.operations import BUILD_OPERATIONS
 from tmem.settings import Settings, load_settings
-
-# The operations a build calls; query/eval prompts (answer, judges) must not invalidate build caches.
-BUILD_OPERATIONS = frozenset({
-    "scene_boundaries", "scene_pack", "topic_match", "topic_create", "item_extract", "item_triggers",
-    "scene_triggers", "persona",
-})
 
 
 def _is_secret(annotation: Any) -> bool:

@@ -1,7 +1,7 @@
 """Completion-token budgets per LLM operation: the ``max_tokens`` each request is sent with.
 
 One cap for every operation either cuts the long answers of a capable model or lets a runaway
-answer of a cheap one burn tokens. Each operation gets a budget sized from what capable models
+answer of a cheap one burn tokens. Each operation gets a budget (declared with the operation, :mod:`tmem.prompts.operations`) sized from what capable models
 actually answered (``fixtures/real-model/conv26-s1-6-cues/build_calls.jsonl``: 67 build answers;
 sizes below at ~4 characters a token, as the model bridge and the scripted server count them) —
 about three times the largest answer seen at the default batch sizes, so a dense input still
@@ -33,20 +33,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-DEFAULT_BUDGETS: Mapping[str, int] = MappingProxyType({
-    "scene_boundaries": 3072,
-    "scene_pack": 2048,
-    "topic_match": 1024,
-    "topic_create": 1024,
-    "item_extract": 4096,
-    "item_triggers": 3072,
-    "scene_triggers": 3072,
-    "persona": 3072,
-    "answer": 1024,
-    "memory_reply": 1024,
-    "judge_locomo": 1024,
-    "judge_memory_awareness": 1024,
-})
+from tmem.prompts.operations import OPERATIONS
+
+DEFAULT_BUDGETS: Mapping[str, int] = MappingProxyType({op.name: op.budget for op in OPERATIONS})
 
 # An operation missing from the table (a new prompt module not yet measured): the former global cap.
 FALLBACK_BUDGET = 2048
