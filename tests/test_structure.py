@@ -246,3 +246,15 @@ def test_every_task_takes_plain_values_and_opens_its_runtime_from_them() -> None
                 if node.func.id == "runtime_for":
                     used = {n.id for arg in node.args for n in ast.walk(arg) if isinstance(n, ast.Name)}
                     assert used <= params, f"{name} opens a runtime from {used - params}, not from its inputs"
+
+
+def test_the_cascade_budgets_are_declared_once() -> None:
+    from tmem.retrieval.budgets import BUDGETS, SETTING_NAMES
+    from tmem.retrieval.config import RetrievalConfig, config_from_settings
+    from tmem.settings import Settings, load_settings
+
+    for name in BUDGETS:
+        ours, setting = RetrievalConfig.model_fields[name], Settings.model_fields[SETTING_NAMES.get(name, name)]
+        assert (ours.default, ours.metadata) == (setting.default, setting.metadata), name
+    assert config_from_settings(load_settings(k_scenes=0, rrf_k0=30)).model_dump(include={"k_scenes", "k0"}) == \
+        {"k_scenes": 0, "k0": 30}

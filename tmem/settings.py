@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tmem.prompts.budgets import parse_budgets
 from tmem.prompts.operations import BATCHABLE_OPERATIONS
+from tmem.retrieval.budgets import budget
 
 Role = Literal["build", "answer", "judge"]
 StructuredMode = Literal["auto", "json_schema", "json_object"]
@@ -129,18 +130,18 @@ class Settings(BaseSettings):
     trigger_batch: int = Field(6, ge=1, description="Items per item-trigger call.")
     scene_trigger_batch: int = Field(4, ge=1, description="Scenes per scene/horizon-trigger call.")
 
-    # Cascade defaults (paper §3.4).
-    k_topics: int = Field(15, ge=1)
-    k_scenes: int = Field(5, ge=1)
-    k_items: int = Field(15, ge=1)
-    k_cue: int = Field(10, ge=1)
-    trigger_cap: int = Field(10, ge=0)
-    trigger_gate: float = Field(0.85, ge=-1.0, le=1.0, description="τ of the paper preset's raw-cosine TrigRecall gate.")
-    trigger_gate_z: float = Field(3.0, ge=0.0, description="z of the default standardised TrigRecall gate.")
+    # Cascade budgets (paper §3.4), declared once in tmem/retrieval/budgets.py.
+    k_topics: int = budget("k_topics")
+    k_scenes: int = budget("k_scenes")
+    k_items: int = budget("k_items")
+    k_cue: int = budget("k_cue")
+    trigger_cap: int = budget("trigger_cap")
+    trigger_gate: float = budget("trigger_gate")
+    trigger_gate_z: float = budget("trigger_gate_z")
     answer_reasoning: OnOff = Field(
         "off", description="on: the answer prompt asks for a short reasoning field before the (still short) answer."
     )
-    rrf_k0: int = Field(60, ge=1)
+    rrf_k0: int = budget("k0")
     context_token_budget: int = Field(6000, ge=256)
     query_cache_size: int = Field(64, ge=1, description="Conversations kept loaded by the query side.")
     query_embedding_threads: int = Field(

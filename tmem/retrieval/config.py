@@ -27,7 +27,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tmem.errors import TmemError
-from tmem.retrieval.scoring import RRF_K0, FusionRule, GateRule
+from tmem.retrieval.budgets import BUDGETS, SETTING_NAMES, budget
+from tmem.retrieval.scoring import FusionRule, GateRule
 from tmem.settings import Settings
 
 DEFAULT_FUSION: FusionRule = "best_rank"
@@ -51,11 +52,11 @@ class RetrievalConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(default="custom", description="Preset name this config came from (for reports and traces).")
-    k_topics: int = Field(default=15, ge=1, description="kT: topics kept by the prefilter.")
-    k_scenes: int = Field(default=5, ge=0, description="kS: scenes returned.")
-    k_items: int = Field(default=15, ge=0, description="kI: items returned.")
-    k_cue: int = Field(default=10, ge=0, description="Scenes recalled by SceneCue (A_S), ungated.")
-    trigger_cap: int = Field(default=10, ge=0, description="R: at most this many trigger-recalled items (A_I).")
+    k_topics: int = budget("k_topics")
+    k_scenes: int = budget("k_scenes")
+    k_items: int = budget("k_items")
+    k_cue: int = budget("k_cue")
+    trigger_cap: int = budget("trigger_cap")
     trigger_gate_rule: GateRule = Field(
         default="robust_z",
         description=(
@@ -64,13 +65,9 @@ class RetrievalConfig(BaseModel):
             "whatever the encoder); 'cosine' keeps items whose raw cosine is ≥ trigger_gate (the paper's τ)."
         ),
     )
-    trigger_gate: float = Field(
-        default=0.85, ge=-1.0, le=1.0, description="τ of the 'cosine' rule: min NaN-aware max cosine."
-    )
-    trigger_gate_z: float = Field(
-        default=3.0, ge=0.0, description="z of the 'robust_z' rule: (score − median) / (1.4826 · MAD) ≥ z."
-    )
-    k0: int = Field(default=RRF_K0, ge=1, description="RRF smoothing constant.")
+    trigger_gate: float = budget("trigger_gate")
+    trigger_gate_z: float = budget("trigger_gate_z")
+    k0: int = budget("k0")
     scene_fusion: FusionRule = Field(default=DEFAULT_FUSION, description="How scene selection combines its lists.")
     item_fusion: FusionRule = Field(default=DEFAULT_FUSION, description="How item selection combines its lists.")
     reserved_scene_slots: int = Field(default=2, ge=0, description="Slots kept for SceneCue hits under 'reserved'.")
@@ -164,14 +161,5 @@ def preset(name: str, base: RetrievalConfig | None = None) -> RetrievalConfig:
 
 def config_from_settings(settings: Settings, name: str = "default") -> RetrievalConfig:
     """The preset ``name`` with the budgets of ``settings`` (``TMEM_K_TOPICS`` etc.)."""
-    budgets = RetrievalConfig(
-        k_topics=settings.k_topics,
-        k_scenes=settings.k_scenes,
-        k_items=settings.k_items,
-        k_cue=settings.k_cue,
-        trigger_cap=settings.trigger_cap,
-        trigger_gate=settings.trigger_gate,
-        trigger_gate_z=settings.trigger_gate_z,
-        k0=settings.rrf_k0,
-    )
+    budgets = RetrievalConfig(**{name: getattr(settings, SETTING_NAMES.get(name, name)) for name in BUDGETS})
     return preset(name, budgets)

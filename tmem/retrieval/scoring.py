@@ -21,6 +21,8 @@ import numpy as np
 import numpy.typing as npt
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
+from tmem.retrieval.budgets import RRF_K0
+
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -29,9 +31,6 @@ Bool = npt.NDArray[np.bool_]
 FusionRule = Literal["rrf", "best_rank", "reserved"]
 GateRule = Literal["cosine", "robust_z"]
 
-RRF_K0 = 60
-"""RRF smoothing constant (Cormack, Clarke & Büttcher 2009, "Reciprocal rank fusion outperforms
-Condorcet and individual rank learning methods", SIGIR)."""
 
 BM25_K1 = 1.5
 BM25_B = 0.75
