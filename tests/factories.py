@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 from tmem.domain import (
     BridgeTrigger,
+    ConversationMemory,
     Item,
     ItemTriggers,
-    Memory,
     Persona,
     PersonaFact,
     Scene,
@@ -19,7 +19,7 @@ from tmem.domain import (
 T0 = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
 
 
-def sample_memory(conversation_id: str = "conv-a", tag: str = "") -> Memory:
+def sample_memory(conversation_id: str = "conv-a", tag: str = "") -> ConversationMemory:
     scenes = tuple(
         Scene(
             conversation_id=conversation_id,
@@ -62,5 +62,5 @@ def sample_memory(conversation_id: str = "conv-a", tag: str = "") -> Memory:
                 preferences=("pottery",), traits=("kind",), relations=("friend of Melanie",),
                 timeline=(PersonaFact(fact="started pottery", since="2023-05"),)),
     )
-    return Memory(conversation_id=conversation_id, scenes=scenes, topics=topics, items=items,
+    return ConversationMemory(conversation_id=conversation_id, scenes=scenes, topics=topics, items=items,
                   item_triggers=item_triggers, scene_triggers=scene_triggers, personas=personas)

@@ -22,7 +22,7 @@ from tmem.cli import run as cli_run
 from tmem.cli.base import CliContext
 from tmem.devtools.responders import Responder, request_input
 from tmem.devtools.scripted_llm import ScriptedLLM
-from tmem.domain import Memory
+from tmem.domain import ConversationMemory
 from tmem.ingest import ingest_archives
 from tmem.store.duck import connect
 from tmem.store.lance import ConversationVectors, VectorStore
@@ -100,7 +100,7 @@ def published(store: Path) -> SnapshotInfo:
     return info
 
 
-def snapshot_memory(info: SnapshotInfo, conversation_id: str) -> Memory:
+def snapshot_memory(info: SnapshotInfo, conversation_id: str) -> ConversationMemory:
     con = duckdb.connect(str(info.memory_db), read_only=True)
     con.execute("SET TimeZone = 'UTC'")
     try:
@@ -215,7 +215,7 @@ def wait_for(probe: Callable[[], T | None], timeout_s: float = 15.0, what: str =
         time.sleep(0.25)
 
 
-def work_memory(store: Path, conversation_id: str) -> Memory:
+def work_memory(store: Path, conversation_id: str) -> ConversationMemory:
     """The conversation's memory in the builder's working database."""
     con = connect(store, read_only=True)
     try:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from tmem.domain import Memory, Scene, Turn
+from tmem.domain import ConversationMemory, Scene, Turn
 from tmem.index.embed import embed_memory_views
 from tmem.index.views import dialogue_chunks, memory_views, word_budget
 from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
@@ -69,7 +69,7 @@ def test_a_match_late_in_a_long_scene_reaches_the_dialogue_channel():
     scene = Scene(conversation_id="c", scene_id="s0", seq=0, title="t", summary="s", narrative="n",
                   turn_ids=tuple(by_id), start_time=T0, end_time=T0)
     other = scene.model_copy(update={"scene_id": "s1", "seq": 1, "turn_ids": ("D1:1",)})
-    memory = Memory(conversation_id="c", scenes=(scene, other), topics=(), items=(), item_triggers=(),
+    memory = ConversationMemory(conversation_id="c", scenes=(scene, other), topics=(), items=(), item_triggers=(),
                     scene_triggers=(), personas=())
     rows = embed_memory_views(memory, by_id, _Limited())
     dlg = [r for r in rows if r.view == "dlg" and r.owner_id == "s0"]

@@ -36,7 +36,7 @@ from tests.flow_helpers import (
     work_memory,
 )
 from tmem.devtools.scripted_llm import ScriptedLLM
-from tmem.domain import Memory
+from tmem.domain import ConversationMemory
 from tmem.prompts.common import FEEDBACK_NOTE
 from tmem.store.lance import ConversationVectors
 from tmem.store.snapshot import SnapshotInfo
@@ -57,7 +57,7 @@ class FirstBuild:
     stats: dict[str, Any]
     requests: int
     snapshot: SnapshotInfo
-    memory: Memory
+    memory: ConversationMemory
     vectors: ConversationVectors
 
 

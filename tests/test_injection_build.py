@@ -30,7 +30,7 @@ from tmem.construct.topics import topic_id
 from tmem.devtools import synth
 from tmem.devtools.injection import CLAIMED_IDS, INJECTION, INJECTION_MARKER, ObeyLog, obedient
 from tmem.devtools.scripted_llm import ScriptedLLM
-from tmem.domain import Memory
+from tmem.domain import ConversationMemory
 from tmem.ingest import ingest_archives
 from tmem.prompts.common import FEEDBACK_NOTE
 
@@ -54,7 +54,7 @@ def injected_archive(path: Path) -> Path:
     return path
 
 
-def check_structure(memory: Memory, turn_ids: set[str]) -> None:
+def check_structure(memory: ConversationMemory, turn_ids: set[str]) -> None:
     """Every reference stays inside the conversation, and every id is the derived one."""
     cid = memory.conversation_id
     scenes = {s.scene_id: s for s in memory.scenes}

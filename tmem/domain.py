@@ -191,7 +191,7 @@ class Persona(Frozen):
     timeline: tuple[PersonaFact, ...]
 
 
-class Memory(Frozen):
+class ConversationMemory(Frozen):
     """The whole memory of one conversation, as a build produces it."""
 
     conversation_id: str

@@ -41,7 +41,7 @@ from tmem.construct import (
     segment_outcome,
 )
 from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_batches
-from tmem.domain import Item, ItemTriggers, Memory, Persona, Scene, SceneTriggers, Topic, Turn
+from tmem.domain import ConversationMemory, Item, ItemTriggers, Persona, Scene, SceneTriggers, Topic, Turn
 from tmem.errors import LLMError
 from tmem.index.embed import embed_memory_views
 from tmem.ports import JournalBatch
@@ -58,7 +58,7 @@ PERSONA: Codec[Persona | None] = Codec(TypeAdapter(Persona | None))
 
 @dataclass(frozen=True)
 class ConversationBuild:
-    memory: Memory
+    memory: ConversationMemory
     vectors: list[VectorRow]
     watermark_turn_seq: int
     journal: JournalBatch | None = None  # built on a Dask worker: its cache/ledger writes, for the publisher
@@ -108,7 +108,7 @@ def build_conversation(rt: BuildRuntime, conversation_id: str, observer: StageOb
                                       lambda v: f"triggers of {sum(len(b) for b in v)} items")
         scene_triggers = stages.gather("scene-triggers", scene_trig_futs, scene_from,
                                        lambda v: f"triggers of {sum(len(b) for b in v)} scenes")
-        memory = Memory(
+        memory = ConversationMemory(
             conversation_id=cid, scenes=tuple(scenes), topics=tuple(topics), items=tuple(items),
             item_triggers=tuple(t for batch in item_triggers for t in batch),
             scene_triggers=tuple(t for batch in scene_triggers for t in batch),

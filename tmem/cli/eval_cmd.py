@@ -111,14 +111,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
-    from tmem.eval.ablations import ConfigError
+    from tmem.eval.ablations import EvalConfigError
     from tmem.eval.prompt_files import PromptFileError
     from tmem.eval.run_folder import RunFolderError
     from tmem.retrieval.config import UnknownPresetError
 
     try:
         code: int = args.eval_run(args, ctx)
-    except (ConfigError, PromptFileError, RunFolderError, UnknownPresetError, ValueError) as exc:
+    except (EvalConfigError, PromptFileError, RunFolderError, UnknownPresetError, ValueError) as exc:
         print(f"error: {exc}", file=ctx.stderr)
         return EXIT_BAD_INPUT
     return code

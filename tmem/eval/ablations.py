@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from tmem.errors import ConfigError
 from tmem.retrieval.config import ABLATIONS, RetrievalConfig, config_from_settings
 from tmem.settings import Settings
 
@@ -47,7 +48,7 @@ _ALIASES = {"p": "kT", "kt": "kT", "k_topics": "kT", "s": "kS", "ks": "kS", "k_s
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")
 
 
-class ConfigError(ValueError):
+class EvalConfigError(ConfigError, ValueError):
     """An evaluation configuration that cannot exist (unknown preset, parameter or value)."""
 
 
@@ -62,10 +63,10 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
-            raise ConfigError(f"config name {self.name!r} must be letters, digits and . _ + = - (it names a folder)")
+            raise EvalConfigError(f"config name {self.name!r} must be letters, digits and . _ + = - (it names a folder)")
         bad = sorted(set(self.overrides) - {f for f, _, _ in SWEEP_PARAMS.values()})
         if bad:
-            raise ConfigError(f"config {self.name!r}: cannot override {bad}; budgets: k_topics, k_scenes, k_items, trigger_cap")
+            raise EvalConfigError(f"config {self.name!r}: cannot override {bad}; budgets: k_topics, k_scenes, k_items, trigger_cap")
 
     @property
     def display(self) -> str:
@@ -100,7 +101,7 @@ def ablation_configs(base_preset: str = BASELINE, only: Sequence[str] | None = N
     names = list(TABLE4) if not only else list(only)
     unknown = [n for n in names if n not in ABLATIONS]
     if unknown:
-        raise ConfigError(f"unknown ablation {unknown[0]!r}; known: {', '.join(TABLE4)}")
+        raise EvalConfigError(f"unknown ablation {unknown[0]!r}; known: {', '.join(TABLE4)}")
     configs = [baseline(base_preset)]
     for name in names:
         preset = name if base_preset == BASELINE else f"{base_preset}+{name}"
@@ -109,10 +110,10 @@ def ablation_configs(base_preset: str = BASELINE, only: Sequence[str] | None = N
 
 
 def sweep_param(symbol: str) -> str:
-    """The canonical Figure 4 symbol (kT, kS, kI, R) for a user's spelling; raises ConfigError."""
+    """The canonical Figure 4 symbol (kT, kS, kI, R) for a user's spelling; raises EvalConfigError."""
     canonical = symbol if symbol in SWEEP_PARAMS else _ALIASES.get(symbol.lower())
     if canonical is None:
-        raise ConfigError(f"unknown sweep parameter {symbol!r}; choose one of {', '.join(SWEEP_PARAMS)}")
+        raise EvalConfigError(f"unknown sweep parameter {symbol!r}; choose one of {', '.join(SWEEP_PARAMS)}")
     return canonical
 
 
@@ -121,9 +122,9 @@ def parse_values(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError as exc:
-        raise ConfigError(f"sweep values must be integers separated by commas, got {text!r}") from exc
+        raise EvalConfigError(f"sweep values must be integers separated by commas, got {text!r}") from exc
     if not values or any(v < 0 for v in values) or len(set(values)) != len(values):
-        raise ConfigError(f"sweep values must be distinct non-negative integers, got {text!r}")
+        raise EvalConfigError(f"sweep values must be distinct non-negative integers, got {text!r}")
     return values
 
 
@@ -134,7 +135,7 @@ def sweep_configs(symbol: str, values: Sequence[int] | None = None, preset: str 
     configs: list[EvalConfig] = []
     for value in values if values is not None else paper_values:
         if value < 0 or (field_name == "k_topics" and value < 1):
-            raise ConfigError(f"{canonical}={value} is out of range")
+            raise EvalConfigError(f"{canonical}={value} is out of range")
         prefix = "" if preset == BASELINE else preset.replace("+", "_") + "_"
         configs.append(
             EvalConfig(name=f"{prefix}{canonical}={value}", preset=preset, overrides={field_name: value},

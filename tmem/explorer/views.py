@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Literal
 
-from tmem.domain import SCENE_ATTRIBUTES, Memory, Turn
+from tmem.domain import SCENE_ATTRIBUTES, ConversationMemory, Turn
 from tmem.explorer.schemas import (
     BridgeView,
     CandidateView,
@@ -56,7 +56,7 @@ def conversation_row(counts: ConversationCounts, *, pending_turns: int, quaranti
     )
 
 
-def memory_views(memory: Memory, turns: tuple[Turn, ...]) -> tuple[list[SceneView], list[TopicView], list[ItemView]]:
+def memory_views(memory: ConversationMemory, turns: tuple[Turn, ...]) -> tuple[list[SceneView], list[TopicView], list[ItemView]]:
     """Scenes (timeline order) with their topics, items, sessions and triggers; topics; items with
     their entity and bridge triggers."""
     session_of = {t.turn_id: t.session_id for t in turns}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tmem.domain import Memory, Turn
+from tmem.domain import ConversationMemory, Turn
 from tmem.index.views import DIALOGUE_WINDOW_TURNS, memory_views, word_budget
 from tmem.ports import Embedder
 from tmem.store.lance import VectorRow
 
 
-def embed_memory_views(memory: Memory, turns_by_id: Mapping[str, Turn], embedder: Embedder) -> list[VectorRow]:
+def embed_memory_views(memory: ConversationMemory, turns_by_id: Mapping[str, Turn], embedder: Embedder) -> list[VectorRow]:
     """One L2-normalised vector per view text, in :func:`memory_views` order; dialogue views are
     chunked to fit the embedder's input."""
     views = memory_views(memory, turns_by_id, dialogue_words=word_budget(embedder.max_input_tokens),

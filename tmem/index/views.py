@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from tmem.domain import HORIZON_CHANNELS, SCENE_ATTRIBUTES, Memory, Turn
+from tmem.domain import HORIZON_CHANNELS, SCENE_ATTRIBUTES, ConversationMemory, Turn
 
 OwnerKind = Literal["topic", "scene", "item"]
 
@@ -121,7 +121,7 @@ def window_start(ordinal: int) -> int:
 
 
 def memory_views(
-    memory: Memory, turns_by_id: Mapping[str, Turn], *, dialogue_words: int | None = None,
+    memory: ConversationMemory, turns_by_id: Mapping[str, Turn], *, dialogue_words: int | None = None,
     dialogue_turns: int | None = None,
 ) -> list[ViewText]:
     """Every embeddable view of a conversation's memory, in a deterministic order. ``dialogue_words``

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from tmem.domain import Memory, Turn
+from tmem.domain import ConversationMemory, Turn
 from tmem.query.schemas import TurnOut
 
 
@@ -52,7 +52,7 @@ def _turn_out(turn: Turn) -> TurnOut:
                    event_time=turn.event_time)
 
 
-def scene_detail(memory: Memory, turns: tuple[Turn, ...], scene_id: str) -> SceneDetail | None:
+def scene_detail(memory: ConversationMemory, turns: tuple[Turn, ...], scene_id: str) -> SceneDetail | None:
     """The scene ``scene_id`` of ``memory`` (exact id), or None."""
     scene = next((s for s in memory.scenes if s.scene_id == scene_id), None)
     if scene is None:
@@ -71,7 +71,7 @@ def scene_detail(memory: Memory, turns: tuple[Turn, ...], scene_id: str) -> Scen
     )
 
 
-def item_detail(memory: Memory, item_id: str) -> ItemDetail | None:
+def item_detail(memory: ConversationMemory, item_id: str) -> ItemDetail | None:
     """The item ``item_id`` of ``memory`` (exact id), or None."""
     item = next((i for i in memory.items if i.item_id == item_id), None)
     if item is None:

@@ -24,7 +24,7 @@ from typing import Any
 import bm25s
 import numpy as np
 
-from tmem.domain import Item, Memory, Scene, Topic
+from tmem.domain import ConversationMemory, Item, Scene, Topic
 from tmem.errors import StoreError
 from tmem.retrieval.scoring import BM25_B, BM25_K1, build_bm25, tokenize
 
@@ -151,6 +151,6 @@ class BM25Section:
 
     recipe = RECIPE
 
-    def encode(self, memory: Memory) -> bytes:
+    def encode(self, memory: ConversationMemory) -> bytes:
         n_docs = len(memory.topics) + len(memory.scenes) + len(memory.items)
         return encode_bm25(prebuild(memory.scenes, memory.topics, memory.items), n_docs)

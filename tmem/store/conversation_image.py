@@ -41,7 +41,7 @@ from typing import Any, NamedTuple, Protocol
 import duckdb
 import pyarrow as pa
 
-from tmem.domain import Memory, Turn
+from tmem.domain import ConversationMemory, Turn
 from tmem.errors import StoreError
 from tmem.store.conversations import turns_from_rows
 from tmem.store.image_vectors import VectorSource, encode_section
@@ -102,7 +102,7 @@ class LexicalSection(Protocol):
 
     recipe: str
 
-    def encode(self, memory: Memory) -> bytes: ...
+    def encode(self, memory: ConversationMemory) -> bytes: ...
 
 
 # Conversations per INSERT: list aggregation keeps a batch's documents in memory (~1 MB per
@@ -367,7 +367,7 @@ def _with_times(rows: list[list[Any]], *columns: int) -> list[list[Any]]:
     return rows
 
 
-def decode_image(conversation_id: str, fmt: int, image: str, *, source: str = "image") -> tuple[Memory, tuple[Turn, ...]]:
+def decode_image(conversation_id: str, fmt: int, image: str, *, source: str = "image") -> tuple[ConversationMemory, tuple[Turn, ...]]:
     """The memory and turns an image's document holds. :class:`StoreError` (naming ``source``) for an
     image of an unknown format or another conversation, or a document that is not an image."""
     if fmt not in READABLE_FORMATS:

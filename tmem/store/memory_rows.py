@@ -17,9 +17,9 @@ import polars as pl
 from tmem.domain import (
     SCENE_ATTRIBUTES,
     BridgeTrigger,
+    ConversationMemory,
     Item,
     ItemTriggers,
-    Memory,
     Persona,
     Scene,
     SceneTriggers,
@@ -58,7 +58,7 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
-def memory_frames(memory: Memory) -> dict[str, pl.DataFrame]:
+def memory_frames(memory: ConversationMemory) -> dict[str, pl.DataFrame]:
     """The memory as one polars frame per table (columns in table order)."""
     cid = memory.conversation_id
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in MEMORY_TABLES}
@@ -115,7 +115,7 @@ def memory_frames(memory: Memory) -> dict[str, pl.DataFrame]:
     return {name: pl.DataFrame(rows[name], schema=_SCHEMAS[name]) for name in MEMORY_TABLES}
 
 
-def replace_memories(con: duckdb.DuckDBPyConnection, memories: Iterable[Memory]) -> None:
+def replace_memories(con: duckdb.DuckDBPyConnection, memories: Iterable[ConversationMemory]) -> None:
     """Replace the stored memory of each given conversation, all in one transaction: per table one
     DELETE of the conversations' rows and one INSERT of their new rows, however many conversations
     (a nightly republishes thousands; a statement per conversation and table cost ~25 ms each)."""
@@ -194,7 +194,7 @@ _ITEMS_BEFORE_M007 = ("SELECT item_id, topic_id, kind, content, event_time, keyw
                       "WHERE conversation_id = ? ORDER BY item_id")
 
 
-def read_memory(con: duckdb.DuckDBPyConnection, conversation_id: str) -> Memory:
+def read_memory(con: duckdb.DuckDBPyConnection, conversation_id: str) -> ConversationMemory:
     """The stored memory of one conversation (empty tuples if never built)."""
     rows: Rows = {}
     for name, sql in MEMORY_ROW_QUERIES.items():
@@ -215,8 +215,8 @@ def _item_time(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
             "time_source": source or "stated"}
 
 
-def memory_from_rows(conversation_id: str, rows: Rows) -> Memory:
-    """Assemble a :class:`Memory` from the rows of :data:`MEMORY_ROW_QUERIES` (same columns and
+def memory_from_rows(conversation_id: str, rows: Rows) -> ConversationMemory:
+    """Assemble a :class:`ConversationMemory` from the rows of :data:`MEMORY_ROW_QUERIES` (same columns and
     order; timestamps as aware datetimes, persona bodies as JSON text)."""
     scenes = tuple(
         Scene(conversation_id=conversation_id, scene_id=r[0], seq=r[1], title=r[2], summary=r[3], narrative=r[4],
@@ -266,5 +266,5 @@ def memory_from_rows(conversation_id: str, rows: Rows) -> Memory:
         Persona(conversation_id=conversation_id, speaker=speaker, **json.loads(body))
         for speaker, body in rows["personas"]
     )
-    return Memory(conversation_id=conversation_id, scenes=scenes, topics=topics, items=items,
+    return ConversationMemory(conversation_id=conversation_id, scenes=scenes, topics=topics, items=items,
                   item_triggers=item_triggers, scene_triggers=scene_triggers, personas=personas)

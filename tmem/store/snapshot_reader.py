@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from tmem.domain import Memory, Turn
+from tmem.domain import ConversationMemory, Turn
 from tmem.errors import ScopeError, StoreError
 from tmem.retrieval.lexical import PrebuiltBM25, decode_bm25
 from tmem.store.conversation_image import (
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 class ColdRead:
     """What :meth:`SnapshotReader.read_cold` read, with how long the two parts took (seconds)."""
 
-    memory: Memory
+    memory: ConversationMemory
     turns: tuple[Turn, ...]
     vectors: VectorSection | None  # None: not asked for, or the snapshot pins no vector table
     bm25: PrebuiltBM25 | None  # the BM25 built at publish; None: build it from the memory
@@ -173,7 +173,7 @@ class SnapshotReader:
     def _vector_column(self) -> bool:
         return self.uses_images and (self.info.image_format or 0) >= 2
 
-    def read_conversation(self, conversation_id: str, *, from_tables: bool = False) -> tuple[Memory, tuple[Turn, ...]]:
+    def read_conversation(self, conversation_id: str, *, from_tables: bool = False) -> tuple[ConversationMemory, tuple[Turn, ...]]:
         """The memory and turns of one conversation. :class:`ScopeError` when the snapshot holds
         no memory for it (exact match on the id, whatever characters it contains).
 
