@@ -4,7 +4,7 @@ Every conversation gets ``turns`` turns in ``scenes`` scenes (one session per sc
 topics (each scene in one or two of them), ``items`` items (a fifth of them connected, citing two
 or three scenes) with entity and bridge triggers, scene triggers with five horizon sentences, and
 two personas. Texts are random phrases over a Zipf-distributed pseudo-word vocabulary, at lengths
-like LoCoMo's; every embeddable view (``tmem.index.views.memory_views``) gets a random 384-d unit
+like LoCoMo's; every embeddable view (``tmem.views.texts.memory_views``) gets a random 384-d unit
 vector. Conversations are generated in a random order of their ids, as a store that grew over time
 would hold them, and written in large batches with the store's own writers:
 
@@ -51,13 +51,13 @@ from tmem.domain import (
     Topic,
     Turn,
 )
-from tmem.index.views import memory_views
 from tmem.store.duck import connect
 from tmem.store.ingest_writer import IngestPlan, ingest_transaction
 from tmem.store.lance import VectorStore, make_row_id, vector_schema
 from tmem.store.memory_rows import memory_frames
 from tmem.store.migrations import MEMORY_TABLES
 from tmem.store.snapshot import SnapshotInfo, publish_snapshot
+from tmem.views.texts import memory_views
 
 VECTOR_TABLE = "vectors"
 FACTS = "synthetic.json"  # what was generated (seed, shape, counts), beside the store's own files

@@ -31,7 +31,6 @@ from tmem.domain import (
     Topic,
     Turn,
 )
-from tmem.index.embed import embed_memory_views
 from tmem.ingest.load import ingest_archives
 from tmem.ports import Embedder
 from tmem.retrieval.scoring import tokenize
@@ -39,6 +38,7 @@ from tmem.store.duck import connect
 from tmem.store.lance import VectorStore
 from tmem.store.memory_rows import record_memory_build, replace_memories
 from tmem.store.snapshot import SnapshotInfo, publish_snapshot
+from tmem.views.embed import embed_memory_views
 
 NOW = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 T0 = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)

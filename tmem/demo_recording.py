@@ -67,8 +67,8 @@ def request_settings(settings: Settings) -> dict[str, Any]:
     each answer's context), and answer reasoning. Completion budgets are left out: ``max_tokens``
     is no part of a request's identity, and a cut answer is recorded as cut.
     """
-    from tmem.index.views import VIEWS_VERSION
     from tmem.retrieval.config import config_from_settings
+    from tmem.views.texts import VIEWS_VERSION
 
     return {
         "segment_window": settings.segment_window,

@@ -43,10 +43,10 @@ from tmem.construct import (
 from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_batches
 from tmem.domain import ConversationMemory, Item, ItemTriggers, Persona, Scene, SceneTriggers, Topic, Turn
 from tmem.errors import LLMError
-from tmem.index.embed import embed_memory_views
 from tmem.ports import JournalBatch
 from tmem.store.conversations import load_turns
 from tmem.store.lance import VectorRow
+from tmem.views.embed import embed_memory_views
 
 SCENES: Codec[list[Scene]] = Codec(TypeAdapter(list[Scene]))
 POOL: Codec[TopicPool] = Codec(TypeAdapter(TopicPool))

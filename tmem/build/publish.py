@@ -16,12 +16,12 @@ from datetime import UTC, datetime
 from tmem.build.conversation import ConversationBuild
 from tmem.build.runtime import BuildRuntime
 from tmem.ids import content_hash
-from tmem.index.views import VIEWS_VERSION
 from tmem.store.embed_cache import record_embedding_owners
 from tmem.store.lance_location import VECTOR_TABLE, lance_uri, pinned_lance_uri
 from tmem.store.memory_rows import record_memory_builds, recorded_builds, replace_memories
 from tmem.store.quarantine import clear_quarantines
 from tmem.store.snapshot import current_snapshot, publish_snapshot
+from tmem.views.texts import VIEWS_VERSION
 
 
 def build_id_of(build: ConversationBuild, embedding_model: str) -> str:

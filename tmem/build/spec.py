@@ -20,10 +20,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from tmem.ids import content_hash
-from tmem.index.views import VIEWS_VERSION
 from tmem.prompts.base import prompt_versions
 from tmem.prompts.operations import BUILD_OPERATIONS
 from tmem.settings import Settings, load_settings
+from tmem.views.texts import VIEWS_VERSION
 
 
 def _is_secret(annotation: Any) -> bool:

@@ -33,9 +33,9 @@ from tmem.domain import (
     Turn,
 )
 from tmem.errors import ScopeError, StoreError, TmemError
-from tmem.index.views import window_start
 from tmem.retrieval.lexical import PrebuiltBM25, corpus_tokens, order_for_index
 from tmem.retrieval.scoring import build_bm25, l2_normalise
+from tmem.views.texts import window_start
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -270,7 +270,7 @@ def _multi_view(bundle: VectorBundle, view: ViewKey, scene_pos: Mapping[str, int
 
 def _window_spans(owners: I64, ordinals: Sequence[int], scene_sizes: Sequence[int]) -> I64:
     """``[first, end)`` turn positions of each dialogue window: from its first turn (its ordinal,
-    :func:`tmem.index.views.window_start`) to the next window's first turn of the same scene (the
+    :func:`tmem.views.texts.window_start`) to the next window's first turn of the same scene (the
     scene's end for the last one). Pieces of one cut turn share that turn's span."""
     starts = np.asarray([window_start(o) for o in ordinals], dtype=np.int64)
     spans = np.zeros((len(starts), 2), dtype=np.int64)

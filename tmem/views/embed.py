@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tmem.domain import ConversationMemory, Turn
-from tmem.index.views import DIALOGUE_WINDOW_TURNS, memory_views, word_budget
 from tmem.ports import Embedder
 from tmem.store.lance import VectorRow
+from tmem.views.texts import DIALOGUE_WINDOW_TURNS, memory_views, word_budget
 
 
 def embed_memory_views(memory: ConversationMemory, turns_by_id: Mapping[str, Turn], embedder: Embedder) -> list[VectorRow]:
