@@ -5,9 +5,9 @@ once (:meth:`Memory.snapshot`) and does all its work on it, so one query never m
 snapshots; a newer snapshot is picked up without restarting, by re-reading the tiny ``CURRENT``
 pointer at most every ``refresh_ms`` milliseconds.
 
-Scope is mandatory: every call names one conversation, which must be one the snapshot holds
-memory for (exact string match, whatever characters the id contains); anything else raises
-:class:`~tmem.errors.ScopeError`. The query embedder and the answer model are created lazily,
+Scope is mandatory: every call names one conversation (a :class:`~tmem.query.request.Recall`
+checks the id when it is made), which must be one the snapshot holds memory for (exact string
+match, whatever characters the id contains); anything else raises :class:`~tmem.errors.ScopeError`. The query embedder and the answer model are created lazily,
 on the first call that needs them, so a lexical query never imports torch or openai.
 """
 
@@ -18,17 +18,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Unpack
 
 from tmem.errors import ScopeError, StoreError
 from tmem.ports import ChatModel, Embedder
 from tmem.prompts import answer as answer_prompt
 from tmem.prompts.common import when
 from tmem.query.loader import CacheStats, IndexCache
+from tmem.query.request import Recall, RecallOptions
 from tmem.retrieval.cascade import ScoredItem, ScoredScene, SearchResult, search
 from tmem.retrieval.config import RetrievalConfig, config_from_settings
 from tmem.retrieval.context import FormattedContext, format_context
@@ -78,7 +79,28 @@ class Answer:
         return self.result.items
 
 
-class MemorySnapshot:
+class KeywordRecall:
+    """``search``, ``context`` and ``answer`` by keywords: each call states one
+    :class:`~tmem.query.request.Recall` (whose fields say what each option does) and runs it on one
+    pinned snapshot."""
+
+    def pinned(self) -> MemorySnapshot:
+        raise NotImplementedError
+
+    def search(self, query: str, *, conversation_id: str, **options: Unpack[RecallOptions]) -> SearchResult:
+        """The cascade's recall of ``query`` in one conversation."""
+        return self.pinned().search_for(Recall(query, conversation_id, **options))
+
+    def context(self, query: str, *, conversation_id: str, **options: Unpack[RecallOptions]) -> QueryContext:
+        """The recall and the QA context rendered from it."""
+        return self.pinned().context_for(Recall(query, conversation_id, **options))
+
+    def answer(self, question: str, *, conversation_id: str, **options: Unpack[RecallOptions]) -> Answer:
+        """The answer-role model's short answer to ``question`` from one conversation's memory."""
+        return self.pinned().answer_for(Recall(question, conversation_id, **options))
+
+
+class MemorySnapshot(KeywordRecall):
     """One published snapshot, pinned: every method reads this snapshot and no other."""
 
     def __init__(self, owner: Memory, info: SnapshotInfo) -> None:
@@ -89,6 +111,9 @@ class MemorySnapshot:
     @property
     def snapshot_id(self) -> str:
         return self.info.snapshot_id
+
+    def pinned(self) -> MemorySnapshot:
+        return self
 
     def has_conversation(self, conversation_id: str) -> bool:
         return isinstance(conversation_id, str) and conversation_id in self.info.conversations
@@ -104,79 +129,40 @@ class MemorySnapshot:
             raise ScopeError(f"unknown conversation {conversation_id!r}: snapshot {self.snapshot_id} holds no memory for it")
         return self._owner.cache.get(self.reader, conversation_id, vectors=vectors)
 
-    def search(
-        self,
-        query: str,
-        *,
-        conversation_id: str,
-        speaker: str | None = None,
-        preset: str = "default",
-        trace: bool = False,
-        query_vector: npt.ArrayLike | None = None,
-        embed: bool = True,
-    ) -> SearchResult:
-        """Run the cascade over one conversation. The query is embedded (lazily loading the
-        embedder) unless ``query_vector`` is given or ``embed=False`` (lexical only)."""
-        config = self._owner.config(preset)
-        index = self.index(conversation_id, vectors=embed or query_vector is not None)
-        vector = query_vector
-        if vector is None and embed and index.dim > 0:
-            vector = self._owner.embed_query(query)
-        return search(index, query, vector, config, speaker=speaker, trace=trace)
+    def search_for(self, request: Recall) -> SearchResult:
+        """Run the cascade over the request's conversation. The text is embedded (lazily loading the
+        embedder) unless ``request.query_vector`` is given or ``request.embed`` is False (lexical only)."""
+        config = self._owner.config(request.preset)
+        index = self.index(request.conversation_id, vectors=request.embed or request.query_vector is not None)
+        vector = request.query_vector
+        if vector is None and request.embed and index.dim > 0:
+            vector = self._owner.embed_query(request.text)
+        return search(index, request.text, vector, config, speaker=request.speaker, trace=request.trace)
 
-    def context(
-        self,
-        query: str,
-        *,
-        conversation_id: str,
-        speaker: str | None = None,
-        preset: str = "default",
-        budget_tokens: int | None = None,
-        trace: bool = False,
-        query_vector: npt.ArrayLike | None = None,
-        embed: bool = True,
-    ) -> QueryContext:
-        """Search, then render the QA context under ``budget_tokens`` (default: settings)."""
-        result = self.search(
-            query, conversation_id=conversation_id, speaker=speaker, preset=preset, trace=trace,
-            query_vector=query_vector, embed=embed,
-        )
-        budget = self._owner.settings.context_token_budget if budget_tokens is None else budget_tokens
+    def context_for(self, request: Recall) -> QueryContext:
+        """Search, then render the QA context under ``request.budget_tokens`` (default: settings)."""
+        result = self.search_for(request)
+        budget = self._owner.settings.context_token_budget if request.budget_tokens is None else request.budget_tokens
         return QueryContext(self.snapshot_id, result, format_context(result, budget))
 
-    def answer(
-        self,
-        question: str,
-        *,
-        conversation_id: str,
-        speaker: str | None = None,
-        preset: str = "default",
-        question_date: datetime | None = None,
-        budget_tokens: int | None = None,
-        trace: bool = False,
-        query_vector: npt.ArrayLike | None = None,
-        embed: bool = True,
-    ) -> Answer:
+    def answer_for(self, request: Recall) -> Answer:
         """Recall, render the context, and ask the answer-role model for a short answer."""
-        recalled = self.context(
-            question, conversation_id=conversation_id, speaker=speaker, preset=preset, budget_tokens=budget_tokens,
-            trace=trace, query_vector=query_vector, embed=embed,
-        )
+        recalled = self.context_for(request)
         chat = self._owner.chat_model()
         prompt = answer_prompt.build(
             answer_prompt.AnswerInput(
-                conversation_id=conversation_id,
-                question=question,
-                question_date=when(question_date) if question_date is not None else None,
+                conversation_id=request.conversation_id,
+                question=request.text,
+                question_date=when(request.question_date) if request.question_date is not None else None,
                 context=recalled.context.text,
             ),
             reasoning=self._owner.settings.answer_reasoning == "on",
         )
         response = chat.complete(prompt)
         return Answer(
-            question=question,
+            question=request.text,
             answer=response.answer.strip(),
-            conversation_id=conversation_id,
+            conversation_id=request.conversation_id,
             snapshot_id=self.snapshot_id,
             model=chat.model_name,
             context=recalled.context,
@@ -184,7 +170,7 @@ class MemorySnapshot:
         )
 
 
-class Memory:
+class Memory(KeywordRecall):
     """The query side of one store. Thread-safe; share one instance per process."""
 
     def __init__(
@@ -240,6 +226,9 @@ class Memory:
     def snapshot_id(self) -> str | None:
         pinned = self.current()
         return pinned.snapshot_id if pinned is not None else None
+
+    def pinned(self) -> MemorySnapshot:
+        return self.snapshot()
 
     def snapshot(self) -> MemorySnapshot:
         """Pin the current snapshot (switching to a newer one when due)."""
@@ -325,54 +314,3 @@ class Memory:
 
     def conversations(self) -> tuple[SnapshotConversation, ...]:
         return self.snapshot().conversations()
-
-    def search(
-        self,
-        query: str,
-        *,
-        conversation_id: str,
-        speaker: str | None = None,
-        preset: str = "default",
-        trace: bool = False,
-        query_vector: npt.ArrayLike | None = None,
-        embed: bool = True,
-    ) -> SearchResult:
-        return self.snapshot().search(
-            query, conversation_id=conversation_id, speaker=speaker, preset=preset, trace=trace,
-            query_vector=query_vector, embed=embed,
-        )
-
-    def context(
-        self,
-        query: str,
-        *,
-        conversation_id: str,
-        speaker: str | None = None,
-        preset: str = "default",
-        budget_tokens: int | None = None,
-        trace: bool = False,
-        query_vector: npt.ArrayLike | None = None,
-        embed: bool = True,
-    ) -> QueryContext:
-        return self.snapshot().context(
-            query, conversation_id=conversation_id, speaker=speaker, preset=preset, budget_tokens=budget_tokens,
-            trace=trace, query_vector=query_vector, embed=embed,
-        )
-
-    def answer(
-        self,
-        question: str,
-        *,
-        conversation_id: str,
-        speaker: str | None = None,
-        preset: str = "default",
-        question_date: datetime | None = None,
-        budget_tokens: int | None = None,
-        trace: bool = False,
-        query_vector: npt.ArrayLike | None = None,
-        embed: bool = True,
-    ) -> Answer:
-        return self.snapshot().answer(
-            question, conversation_id=conversation_id, speaker=speaker, preset=preset, question_date=question_date,
-            budget_tokens=budget_tokens, trace=trace, query_vector=query_vector, embed=embed,
-        )
