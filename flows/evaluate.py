@@ -9,12 +9,13 @@ configuration, and publish the report as a markdown artifact.
    under ``out``;
 3. the report (``report.md``) as the artifact ``tmem-eval-report``.
 
-Run locally: ``python -m flows.evaluate --data locomo10.json --out results/locomo --build``.
+Its modes are ``tmem eval``'s (one dispatch: :func:`tmem.eval.ablations.eval_configs`). Run it as
+the ``evaluate`` deployment (``prefect deployment run evaluate/evaluate --param mode=ablate``), or
+call it from Python; ``tmem eval`` runs the same evaluation without Prefect.
 """
 
 from __future__ import annotations
 
-import argparse
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.build_memory import build_memory
-from tmem.eval.ablations import ablation_configs, baseline, parse_values, sweep_configs, sweep_param
+from tmem.eval.ablations import eval_configs
 from tmem.eval.judge import JudgeSetup
 from tmem.eval.prompt_files import load_prompt_file
 from tmem.eval.runner import AnswerSetup, RunOptions
@@ -32,18 +33,6 @@ from tmem.eval.session import BuildFailedError, EvalPlan, load_examples, run_pla
 from tmem.settings import load_settings
 
 ARTIFACT_KEY = "tmem-eval-report"
-
-
-def _configs(mode: str, preset: str, param: str | None, values: str | None) -> list[Any]:
-    if mode == "single":
-        return [baseline(preset)]
-    if mode == "ablate":
-        return ablation_configs(preset)
-    if mode == "sweep":
-        if param is None:
-            raise ValueError("mode 'sweep' needs sweep_param (kT, kS, kI or R)")
-        return sweep_configs(sweep_param(param), parse_values(values) if values else None, preset)
-    raise ValueError(f"unknown mode {mode!r}; choose single, ablate or sweep")
 
 
 @task(name="ingest-questions", task_run_name="ingest/{dataset}", cache_policy=NO_CACHE)
@@ -96,7 +85,7 @@ def evaluate(
     )
     plan = EvalPlan(
         dataset="locomo-plus" if dataset == "locomo-plus" else "locomo", locomo=Path(data), out=Path(out),
-        configs=_configs(mode, preset, sweep_param, sweep_values), plus=Path(plus) if plus else None,
+        configs=eval_configs(mode, preset, param=sweep_param, values=sweep_values)[1], plus=Path(plus) if plus else None,
         categories=tuple(categories or (1, 2, 3, 4)), conversations=tuple(conversations or ()), limit=limit,
         options=options,
     )
@@ -111,33 +100,3 @@ def evaluate(
         description=f"tmem evaluation of {dataset} ({mode}) in {Path(out).resolve()}",
     )
     return result
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flows.evaluate", description=__doc__.split("\n")[0])
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--dataset", choices=("locomo", "locomo-plus"), default="locomo")
-    parser.add_argument("--plus", default=None)
-    parser.add_argument("--store", default=None)
-    parser.add_argument("--mode", choices=("single", "ablate", "sweep"), default="single")
-    parser.add_argument("--preset", default="default")
-    parser.add_argument("--sweep-param", default=None)
-    parser.add_argument("--sweep-values", default=None)
-    parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--build", action="store_true")
-    parser.add_argument("--judge-runs", type=int, default=1)
-    args = parser.parse_args(argv)
-    result = evaluate(
-        data=args.data, out=args.out, dataset=args.dataset, store=args.store, plus=args.plus, mode=args.mode,
-        preset=args.preset, sweep_param=args.sweep_param, sweep_values=args.sweep_values, limit=args.limit,
-        build=args.build, judge_runs=args.judge_runs,
-    )
-    print(f"{result['questions']} questions, {result['failures']} failed calls; report {result['report']}")
-
-
-if __name__ == "__main__":
-    from tmem.settings import apply_process_defaults
-
-    apply_process_defaults()
-    main()

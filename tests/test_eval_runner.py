@@ -453,3 +453,18 @@ def test_the_harness_warns_when_answers_are_judged_by_their_own_model() -> None:
     assert same_model_warning(Settings(llm_base_url="http://a/v1", llm_model="m", llm_judge_model="j")) is None
     other_host = Settings(llm_base_url="http://a/v1", llm_model="m", llm_judge_base_url="http://b/v1")
     assert same_model_warning(other_host) is None
+
+
+def test_tmem_eval_and_the_flow_share_one_dispatch_of_the_modes() -> None:
+    from tmem.eval.ablations import EvalConfigError, eval_configs
+
+    kind, [single] = eval_configs("single", "paper+no-horizon")
+    assert (kind, single.preset) == ("paper_no-horizon", "paper+no-horizon")
+    kind, ablate = eval_configs("ablate", only=["no-horizon"])
+    assert (kind, [c.preset for c in ablate]) == ("ablate", ["default", "no-horizon"])
+    kind, sweep = eval_configs("sweep", param="ks", values="1,3")
+    assert (kind, len(sweep)) == ("sweep-kS", 2)
+    with pytest.raises(EvalConfigError, match="needs sweep_param"):
+        eval_configs("sweep")
+    with pytest.raises(ValueError, match="unknown mode 'table'"):
+        eval_configs("table")

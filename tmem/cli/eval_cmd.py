@@ -197,24 +197,18 @@ def _execute(args: argparse.Namespace, ctx: CliContext, configs: list[Any], kind
     return 0 if failures == 0 else 1
 
 
-def _run_single(args: argparse.Namespace, ctx: CliContext) -> int:
-    from tmem.eval.ablations import baseline
+def _run_mode(mode: str) -> Any:
+    def run_mode(args: argparse.Namespace, ctx: CliContext) -> int:
+        from tmem.eval.ablations import eval_configs
 
-    return _execute(args, ctx, [baseline(args.preset)], args.preset.replace("+", "_"))
+        kind, configs = eval_configs(mode, args.preset, param=getattr(args, "param", None),
+                                     values=getattr(args, "values", None), only=getattr(args, "only", None))
+        return _execute(args, ctx, configs, kind)
+
+    return run_mode
 
 
-def _run_ablate(args: argparse.Namespace, ctx: CliContext) -> int:
-    from tmem.eval.ablations import ablation_configs
-
-    return _execute(args, ctx, ablation_configs(args.preset, args.only), "ablate")
-
-
-def _run_sweep(args: argparse.Namespace, ctx: CliContext) -> int:
-    from tmem.eval.ablations import parse_values, sweep_configs, sweep_param
-
-    symbol = sweep_param(args.param)
-    values = parse_values(args.values) if args.values else None
-    return _execute(args, ctx, sweep_configs(symbol, values, args.preset), f"sweep-{symbol}")
+_run_single, _run_ablate, _run_sweep = _run_mode("single"), _run_mode("ablate"), _run_mode("sweep")
 
 
 def _run_report(args: argparse.Namespace, ctx: CliContext) -> int:

@@ -153,3 +153,26 @@ def sweep_of(config: EvalConfig) -> tuple[str, int] | None:
         if name == field_name:
             return symbol, value
     return None
+
+
+EVAL_MODES = ("single", "ablate", "sweep")
+
+
+def eval_configs(
+    mode: str, preset: str = BASELINE, *, param: str | None = None, values: str | None = None,
+    only: Sequence[str] | None = None,
+) -> tuple[str, list[EvalConfig]]:
+    """The configurations of one evaluation mode, and the name of its results folder: ``single`` (the
+    baseline of ``preset``), ``ablate`` (Table 4, or the ``only`` rows) or ``sweep`` (Figure 4: one
+    budget ``param`` over ``values``, default the paper's). ``tmem eval`` and the ``evaluate`` flow
+    both dispatch here."""
+    if mode == "single":
+        return preset.replace("+", "_"), [baseline(preset)]
+    if mode == "ablate":
+        return "ablate", ablation_configs(preset, only)
+    if mode == "sweep":
+        if param is None:
+            raise EvalConfigError("mode 'sweep' needs sweep_param (kT, kS, kI or R)")
+        symbol = sweep_param(param)
+        return f"sweep-{symbol}", sweep_configs(symbol, parse_values(values) if values else None, preset)
+    raise EvalConfigError(f"unknown mode {mode!r}; choose {', '.join(EVAL_MODES[:-1])} or {EVAL_MODES[-1]}")
