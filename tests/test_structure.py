@@ -258,3 +258,32 @@ def test_the_cascade_budgets_are_declared_once() -> None:
         assert (ours.default, ours.metadata) == (setting.default, setting.metadata), name
     assert config_from_settings(load_settings(k_scenes=0, rrf_k0=30)).model_dump(include={"k_scenes", "k0"}) == \
         {"k_scenes": 0, "k0": 30}
+
+
+def test_the_wheel_ships_the_library_only_and_the_deployments_load_from_the_checkout(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+    import tomllib
+
+    import yaml
+    from setuptools import find_packages
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    packages = find_packages(str(REPO), include=config["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert {p.split(".")[0] for p in packages} == {"tmem"}
+    assert {"tmem.llm", "tmem.providers", "tmem.query", "tmem.store", "tmem.build"} <= set(packages)
+
+    entrypoints = [d["entrypoint"] for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]]
+    assert entrypoints and all(e.startswith("flows/") for e in entrypoints)
+    script = ("import json, sys\nfrom prefect.flows import load_flow_from_entrypoint\n"
+              "flows = [load_flow_from_entrypoint(e) for e in sys.argv[1:]]\n"
+              "print(json.dumps([[f.name, sys.modules[f.fn.__module__].__file__] for f in flows]))")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    done = subprocess.run([sys.executable, "-c", script, *entrypoints], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(loaded) == len(entrypoints)
+    assert all(Path(file).resolve().is_relative_to(REPO) for _, file in loaded), loaded
