@@ -37,7 +37,7 @@ STORE_ONLY = {"duckdb", "lancedb", "lance"}
 MODEL_LIBRARIES = {"openai", "sentence_transformers", "transformers", "torch", "llama_cpp"}
 # The core: what the product is made of, independent of how it is stored, served or scheduled.
 CORE = ("tmem/domain.py", "tmem/ids.py", "tmem/errors.py", "tmem/ports.py", "tmem/prompts/", "tmem/construct/",
-        "tmem/retrieval/", "tmem/eval/f1.py", "tmem/eval/nlp.py", "tmem/eval/retrieval_metrics.py", "tmem/eval/judge.py")
+        "tmem/retrieval/", "tmem/views/catalog.py", "tmem/views/texts.py", "tmem/eval/f1.py", "tmem/eval/nlp.py", "tmem/eval/retrieval_metrics.py", "tmem/eval/judge.py")
 OUTSIDE_THE_CORE = ("tmem.providers", "tmem.store", "tmem.llm", "tmem.bundle", "tmem.build", "tmem.query",
                     "tmem.cli", "tmem.devtools", "tasks", "flows", "deployments")
 # What an adapter may import of tmem: the ports, the errors and ids, the prompts it renders, its settings.

@@ -37,6 +37,7 @@ from tmem.retrieval.scoring import (
     top_k,
 )
 from tmem.retrieval.trace import Channel, StageTrace, Trace, attribute, stage_trace
+from tmem.views.catalog import ITEM_TRIGGER_VIEWS
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -298,7 +299,7 @@ def _trig_recall(c: _Query) -> I64:
     idx, cfg, q = c.index, c.config, c.q
     if q is None or not cfg.item_triggers or cfg.trigger_cap == 0:
         return _EMPTY
-    views = {v: cosine_scores(getattr(idx.items, v), q) for v in ("con", "brg", "joint")}
+    views = {v: cosine_scores(getattr(idx.items, v), q) for v in ITEM_TRIGGER_VIEWS}
     best = nan_max(*views.values())
     passed = np.zeros(idx.n_items, dtype=bool)
     threshold: float | None
@@ -317,7 +318,7 @@ def _trig_recall(c: _Query) -> I64:
         shown = top_k(best, 2 * cfg.trigger_cap)  # the recalled items and the nearest misses
         stacked = np.vstack(list(views.values()))
         details = {
-            i: ("con", "brg", "joint")[int(np.nanargmax(stacked[:, i]))] for i in shown.tolist() if np.isfinite(best[i])
+            i: ITEM_TRIGGER_VIEWS[int(np.nanargmax(stacked[:, i]))] for i in shown.tolist() if np.isfinite(best[i])
         }
         c.stages.append(
             stage_trace(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import bm25s
 import numpy as np
@@ -35,25 +35,13 @@ from tmem.domain import (
 from tmem.errors import ScopeError, StoreError, TmemError
 from tmem.retrieval.lexical import PrebuiltBM25, corpus_tokens, order_for_index
 from tmem.retrieval.scoring import build_bm25, l2_normalise
+from tmem.views.catalog import VIEW_KEYS, VIEWS, ViewKey
 from tmem.views.texts import window_start
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
-OwnerKind = Literal["topic", "scene", "item"]
-ViewKey = tuple[OwnerKind, str]
-VIEW_KEYS: tuple[ViewKey, ...] = (
-    ("topic", "summary"),  # topic summary (title ×2 ‖ keywords)
-    ("scene", "summary"),  # scene title + summary
-    ("scene", "dlg"),  # the scene's dialogue
-    ("scene", "scn"),  # the four scene-trigger attributes
-    ("scene", "hor"),  # one row per non-empty horizon sentence (several per scene)
-    ("item", "content"),
-    ("item", "con"),  # entity triggers
-    ("item", "brg"),  # bridge triggers
-    ("item", "joint"),  # entity ‖ bridge ‖ rationale
-)
-MULTI_VIEWS: frozenset[ViewKey] = frozenset({("scene", "hor")})
+MULTI_VIEWS: frozenset[ViewKey] = frozenset((v.owner, v.name) for v in VIEWS if v.several)
 
 class IndexConsistencyError(StoreError):
     """The objects or vectors handed to :func:`build_index` contradict each other."""

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, get_args
 
 import lancedb
 import numpy as np
@@ -31,15 +31,14 @@ from lancedb.query import LanceVectorQueryBuilder
 
 from tmem.errors import ScopeError, StoreError
 from tmem.ids import content_id
+from tmem.views.catalog import OwnerKind
 
 if TYPE_CHECKING:
     import polars as pl
 
-OwnerKind = Literal["topic", "scene", "item"]
 OWNER_KINDS: frozenset[str] = frozenset(get_args(OwnerKind))
 
 # Views written by the indexer (DESIGN.md §3). Other names are allowed; these are the known ones.
-KNOWN_VIEWS: frozenset[str] = frozenset({"summary", "content", "dlg", "scn", "hor", "con", "brg", "joint"})
 
 # Below this many rows a conversation_id scan costs a few ms; above it a BTREE index pays off.
 # Measured here (384-d, ~300 rows per conversation): filtered vector search 16.6 -> 6.2 ms at

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from tmem.domain import HORIZON_CHANNELS, SCENE_ATTRIBUTES, ConversationMemory, Turn
-
-OwnerKind = Literal["topic", "scene", "item"]
+from tmem.views.catalog import OwnerKind
 
 VIEWS_VERSION = 2
 """Bump when the texts of the views change for the same memory (part of the build fingerprint).
