@@ -25,18 +25,9 @@ from typing import Any
 import uvicorn
 
 from tests.query_store import Conv, publish
+from tmem import domain
 from tmem.bundle import embedder_for
-from tmem.domain import (
-    BridgeTrigger,
-    ConversationMemory,
-    Item,
-    ItemTriggers,
-    Persona,
-    PersonaFact,
-    Scene,
-    SceneTriggers,
-    Topic,
-)
+from tmem.domain import BridgeTrigger, Item, ItemTriggers, Persona, PersonaFact, Scene, SceneTriggers, Topic
 from tmem.ingest.load import ingest_archives
 from tmem.query.memory import Memory as QueryMemory
 from tmem.query.service import create_app
@@ -67,7 +58,7 @@ def _when(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
 
-def fixture_memory(rows: dict[str, list[dict[str, Any]]]) -> ConversationMemory:
+def fixture_memory(rows: dict[str, list[dict[str, Any]]]) -> domain.ConversationMemory:
     """The fixture's memory tables as domain objects."""
     topic_scenes, item_scenes = _group(rows["topic_scene"], "topic_id"), _group(rows["item_scene"], "item_id")
     item_trigs, scene_trigs = _group(rows["item_triggers"], "item_id"), _group(rows["scene_triggers"], "scene_id")
@@ -101,7 +92,7 @@ def fixture_memory(rows: dict[str, list[dict[str, Any]]]) -> ConversationMemory:
             conversation_id=CONVERSATION, speaker=r["speaker"], identity=tuple(p["identity"]),
             preferences=tuple(p["preferences"]), traits=tuple(p["traits"]), relations=tuple(p["relations"]),
             timeline=tuple(PersonaFact(**f) for f in p["timeline"])))
-    return ConversationMemory(conversation_id=CONVERSATION, scenes=scenes, topics=topics, items=items,
+    return domain.ConversationMemory(conversation_id=CONVERSATION, scenes=scenes, topics=topics, items=items,
                   item_triggers=tuple(item_triggers), scene_triggers=tuple(scene_triggers), personas=tuple(personas))
 
 

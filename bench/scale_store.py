@@ -38,10 +38,10 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from tmem import domain
 from tmem.domain import (
     HORIZON_CHANNELS,
     BridgeTrigger,
-    ConversationMemory,
     Item,
     ItemTriggers,
     Persona,
@@ -124,7 +124,7 @@ def conversation_id(n: int) -> str:
     return f"conv-{n:06d}"
 
 
-def make_conversation(cid: str, texts: Texts, shape: Shape) -> tuple[ConversationMemory, tuple[Turn, ...]]:
+def make_conversation(cid: str, texts: Texts, shape: Shape) -> tuple[domain.ConversationMemory, tuple[Turn, ...]]:
     """One synthetic conversation: its memory and its turns.
 
     Objects are made with ``model_construct`` (no validation): they are well-formed by
@@ -183,13 +183,13 @@ def make_conversation(cid: str, texts: Texts, shape: Shape) -> tuple[Conversatio
                         preferences=tuple(texts.text(3, 6) for _ in range(3)), traits=(texts.text(1, 2),),
                         relations=(texts.text(3, 6),), timeline=(PersonaFact(fact=texts.text(5, 9), since="2023-05"),))
                 for sp in SPEAKERS]
-    memory = ConversationMemory.model_construct(
+    memory = domain.ConversationMemory.model_construct(
         conversation_id=cid, scenes=tuple(scenes), topics=tuple(topics), items=tuple(items),
         item_triggers=tuple(triggers), scene_triggers=tuple(scene_triggers), personas=tuple(personas))
     return memory, tuple(turns)
 
 
-def vector_table(convs: list[tuple[ConversationMemory, tuple[Turn, ...]]], rng: np.random.Generator, dim: int) -> pa.Table:
+def vector_table(convs: list[tuple[domain.ConversationMemory, tuple[Turn, ...]]], rng: np.random.Generator, dim: int) -> pa.Table:
     """The Lance rows (``vector_schema``) of every view the indexer would embed, with random unit vectors."""
     columns: dict[str, list[Any]] = {name: [] for name in ("row_id", "conversation_id", "owner_kind", "owner_id",
                                                            "view", "ordinal", "text")}
@@ -212,7 +212,7 @@ def vector_table(convs: list[tuple[ConversationMemory, tuple[Turn, ...]]], rng: 
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def ingest_plan(convs: list[tuple[ConversationMemory, tuple[Turn, ...]]]) -> IngestPlan:
+def ingest_plan(convs: list[tuple[domain.ConversationMemory, tuple[Turn, ...]]]) -> IngestPlan:
     """The ingest writer's rows for these conversations (each session = one scene)."""
     conv_rows: list[dict[str, Any]] = []
     session_rows: list[dict[str, Any]] = []
@@ -249,7 +249,7 @@ def ingest_plan(convs: list[tuple[ConversationMemory, tuple[Turn, ...]]]) -> Ing
     )
 
 
-def insert_memories(store: Path, memories: list[ConversationMemory]) -> None:
+def insert_memories(store: Path, memories: list[domain.ConversationMemory]) -> None:
     """Insert fresh memories (``memory_frames`` rows, one INSERT per table) and their build records."""
     frames: dict[str, list[pl.DataFrame]] = {name: [] for name in MEMORY_TABLES}
     for memory in memories:

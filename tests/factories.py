@@ -4,22 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from tmem.domain import (
-    BridgeTrigger,
-    ConversationMemory,
-    Item,
-    ItemTriggers,
-    Persona,
-    PersonaFact,
-    Scene,
-    SceneTriggers,
-    Topic,
-)
+from tmem import domain
+from tmem.domain import BridgeTrigger, Item, ItemTriggers, Persona, PersonaFact, Scene, SceneTriggers, Topic
 
 T0 = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
 
 
-def sample_memory(conversation_id: str = "conv-a", tag: str = "") -> ConversationMemory:
+def sample_memory(conversation_id: str = "conv-a", tag: str = "") -> domain.ConversationMemory:
     scenes = tuple(
         Scene(
             conversation_id=conversation_id,
@@ -62,5 +53,5 @@ def sample_memory(conversation_id: str = "conv-a", tag: str = "") -> Conversatio
                 preferences=("pottery",), traits=("kind",), relations=("friend of Melanie",),
                 timeline=(PersonaFact(fact="started pottery", since="2023-05"),)),
     )
-    return ConversationMemory(conversation_id=conversation_id, scenes=scenes, topics=topics, items=items,
+    return domain.ConversationMemory(conversation_id=conversation_id, scenes=scenes, topics=topics, items=items,
                   item_triggers=item_triggers, scene_triggers=scene_triggers, personas=personas)

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from tmem import domain
 from tmem.domain import (
     HORIZON_CHANNELS,
     BridgeTrigger,
-    ConversationMemory,
     Item,
     ItemTriggers,
     Persona,
@@ -99,7 +99,7 @@ class HashEmbedder:
 class Conv:
     """One conversation of a test store: its memory and its turns."""
 
-    memory: ConversationMemory
+    memory: domain.ConversationMemory
     turns: tuple[Turn, ...]
 
     @property
@@ -134,7 +134,7 @@ def make_memory(
     items_per_scene: int,
     mark: str,
     tag: str = "",
-) -> ConversationMemory:
+) -> domain.ConversationMemory:
     """A themed memory over ``turns``; ``tag`` changes every id and title (a different build)."""
     scene_objs: list[Scene] = []
     for s in range(scenes):
@@ -197,7 +197,7 @@ def make_memory(
         )
         for i, sp in enumerate(SPEAKERS)
     )
-    return ConversationMemory(
+    return domain.ConversationMemory(
         conversation_id=cid, scenes=tuple(scene_objs), topics=topics, items=tuple(items),
         item_triggers=tuple(item_triggers), scene_triggers=scene_triggers, personas=personas,
     )

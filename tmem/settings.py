@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tmem.prompts.budgets import parse_budgets
 from tmem.prompts.operations import BATCHABLE_OPERATIONS
-from tmem.retrieval.budgets import budget
+from tmem.retrieval.budgets import CascadeBudgets, rrf_k0_field
 
 Role = Literal["build", "answer", "judge"]
 StructuredMode = Literal["auto", "json_schema", "json_object"]
@@ -35,7 +35,7 @@ class RoleEndpoint(BaseModel, frozen=True):
     model: str
 
 
-class Settings(BaseSettings):
+class Settings(BaseSettings, CascadeBudgets):
     """tmem settings. Every field maps to ``TMEM_<FIELD>`` (case-insensitive)."""
 
     model_config = SettingsConfigDict(env_prefix="TMEM_", extra="ignore", frozen=True)
@@ -130,18 +130,11 @@ class Settings(BaseSettings):
     trigger_batch: int = Field(6, ge=1, description="Items per item-trigger call.")
     scene_trigger_batch: int = Field(4, ge=1, description="Scenes per scene/horizon-trigger call.")
 
-    # Cascade budgets (paper §3.4), declared once in tmem/retrieval/budgets.py.
-    k_topics: int = budget("k_topics")
-    k_scenes: int = budget("k_scenes")
-    k_items: int = budget("k_items")
-    k_cue: int = budget("k_cue")
-    trigger_cap: int = budget("trigger_cap")
-    trigger_gate: float = budget("trigger_gate")
-    trigger_gate_z: float = budget("trigger_gate_z")
+    # The cascade budgets (paper §3.4) are inherited from tmem/retrieval/budgets.py (CascadeBudgets).
     answer_reasoning: OnOff = Field(
         "off", description="on: the answer prompt asks for a short reasoning field before the (still short) answer."
     )
-    rrf_k0: int = budget("k0")
+    rrf_k0: int = rrf_k0_field()
     context_token_budget: int = Field(6000, ge=256)
     query_cache_size: int = Field(64, ge=1, description="Conversations kept loaded by the query side.")
     query_embedding_threads: int = Field(

@@ -27,14 +27,8 @@ from typing import Any, Literal, TypeVar
 import openai
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from tmem.errors import (
-    CallSpend,
-    LLMError,
-    LLMOutputError,
-    LLMRequestRejectedError,
-    LLMTransportError,
-    LLMTruncatedError,
-)
+from tmem import errors as tmem_errors
+from tmem.errors import CallSpend, LLMError, LLMOutputError, LLMTransportError, LLMTruncatedError
 from tmem.ports import Completion, TokenUsage
 from tmem.prompts.base import Prompt
 from tmem.prompts.budgets import FALLBACK_BUDGET
@@ -379,7 +373,7 @@ class OpenAIChatModel:
 
     def _rejected(self, prompt: Prompt[Any], exc: openai.APIError) -> LLMError:
         status = exc.status_code if isinstance(exc, openai.APIStatusError) else 0
-        return LLMRequestRejectedError(
+        return tmem_errors.LLMRequestRejectedError(
             prompt.operation, prompt.input_ref, f"endpoint rejected the request: {self._describe(exc)}", status
         )
 

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from tmem.errors import TmemError
-from tmem.retrieval.budgets import BUDGETS, SETTING_NAMES, budget
+from tmem.retrieval.budgets import CascadeBudgets, rrf_k0_field
 from tmem.retrieval.scoring import FusionRule, GateRule
 from tmem.settings import Settings
 
@@ -46,17 +46,12 @@ class UnknownPresetError(TmemError, ValueError):
     """A retrieval preset name that does not exist."""
 
 
-class RetrievalConfig(BaseModel):
+class RetrievalConfig(CascadeBudgets):
     """Budgets, fusion rules and the ablation switches of the retrieval cascade (DESIGN §4)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(default="custom", description="Preset name this config came from (for reports and traces).")
-    k_topics: int = budget("k_topics")
-    k_scenes: int = budget("k_scenes")
-    k_items: int = budget("k_items")
-    k_cue: int = budget("k_cue")
-    trigger_cap: int = budget("trigger_cap")
     trigger_gate_rule: GateRule = Field(
         default="robust_z",
         description=(
@@ -65,9 +60,7 @@ class RetrievalConfig(BaseModel):
             "whatever the encoder); 'cosine' keeps items whose raw cosine is ≥ trigger_gate (the paper's τ)."
         ),
     )
-    trigger_gate: float = budget("trigger_gate")
-    trigger_gate_z: float = budget("trigger_gate_z")
-    k0: int = budget("k0")
+    k0: int = rrf_k0_field()
     scene_fusion: FusionRule = Field(default=DEFAULT_FUSION, description="How scene selection combines its lists.")
     item_fusion: FusionRule = Field(default=DEFAULT_FUSION, description="How item selection combines its lists.")
     reserved_scene_slots: int = Field(default=2, ge=0, description="Slots kept for SceneCue hits under 'reserved'.")
@@ -161,5 +154,6 @@ def preset(name: str, base: RetrievalConfig | None = None) -> RetrievalConfig:
 
 def config_from_settings(settings: Settings, name: str = "default") -> RetrievalConfig:
     """The preset ``name`` with the budgets of ``settings`` (``TMEM_K_TOPICS`` etc.)."""
-    budgets = RetrievalConfig(**{name: getattr(settings, SETTING_NAMES.get(name, name)) for name in BUDGETS})
+    budgets = RetrievalConfig(**{name: getattr(settings, name) for name in CascadeBudgets.model_fields},
+                              k0=settings.rrf_k0)
     return preset(name, budgets)
