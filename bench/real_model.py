@@ -202,11 +202,11 @@ class Reindexed:
                                vectors=np.vstack([r.vector for r in rows]))
 
     def index(self, conversation_id: str, **_: Any) -> Any:
+        from tmem.build.embed_views import embed_memory_views
         from tmem.retrieval.index import VectorBundle, build_index
         from tmem.store.conversations import load_turns
         from tmem.store.duck import connect
         from tmem.store.memory_rows import read_memory
-        from tmem.views.embed import embed_memory_views
 
         if conversation_id not in self._indexes:
             con = connect(self.store, read_only=True)
@@ -393,9 +393,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     presets = [p for p in args.presets.split(",") if p]
     vectors = VectorMemo(embedder_for(load_settings(store=args.store), None))
     if args.window_turns is not None:  # a dialogue-window size to compare (with --reindex)
-        import tmem.views.embed
+        import tmem.build.embed_views
 
-        tmem.views.embed.DIALOGUE_WINDOW_TURNS = args.window_turns or None  # type: ignore[misc]
+        tmem.build.embed_views.DIALOGUE_WINDOW_TURNS = args.window_turns or None  # type: ignore[misc]
     reindex = Reindexed(args.store, vectors.embedder, args.scene_triggers) if args.reindex else None
     parts: dict[str, Any] = {}
     sets = {"evidence": load_locomo_qa(args.data)[0]}

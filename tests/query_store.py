@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tmem import domain
+from tmem.build.embed_views import embed_memory_views
 from tmem.domain import (
     HORIZON_CHANNELS,
     BridgeTrigger,
@@ -38,7 +39,6 @@ from tmem.store.duck import connect
 from tmem.store.lance import VectorStore
 from tmem.store.memory_rows import record_memory_build, replace_memories
 from tmem.store.snapshot import SnapshotInfo, publish_snapshot
-from tmem.views.embed import embed_memory_views
 
 NOW = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 T0 = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)

@@ -6,12 +6,12 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from tmem.build.embed_views import embed_memory_views
 from tmem.domain import ConversationMemory, Scene, Turn
 from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
 from tmem.retrieval.cascade import search
 from tmem.retrieval.config import RetrievalConfig
 from tmem.retrieval.index import VectorBundle, build_index
-from tmem.views.embed import embed_memory_views
 from tmem.views.texts import dialogue_chunks, memory_views, word_budget
 
 T0 = datetime(2023, 5, 8, tzinfo=UTC)

@@ -249,9 +249,8 @@ def test_every_task_takes_plain_values_and_opens_its_runtime_from_them() -> None
 
 
 def test_the_cascade_budgets_are_declared_once() -> None:
-    from tmem.retrieval.budgets import CascadeBudgets
     from tmem.retrieval.config import RetrievalConfig, config_from_settings
-    from tmem.settings import Settings, load_settings
+    from tmem.settings import CascadeBudgets, Settings, load_settings
 
     assert issubclass(RetrievalConfig, CascadeBudgets) and issubclass(Settings, CascadeBudgets)
     k0, rrf_k0 = RetrievalConfig.model_fields["k0"], Settings.model_fields["rrf_k0"]

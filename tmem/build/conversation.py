@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from pydantic import TypeAdapter
 
+from tmem.build.embed_views import embed_memory_views
 from tmem.build.runtime import BuildRuntime
 from tmem.build.stages import Codec, ConversationStages, LogObserver, StageObserver, Unit
 from tmem.construct import (
@@ -46,7 +47,6 @@ from tmem.errors import LLMError
 from tmem.ports import JournalBatch
 from tmem.store.conversations import load_turns
 from tmem.store.lance import VectorRow
-from tmem.views.embed import embed_memory_views
 
 SCENES: Codec[list[Scene]] = Codec(TypeAdapter(list[Scene]))
 POOL: Codec[TopicPool] = Codec(TypeAdapter(TopicPool))

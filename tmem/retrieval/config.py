@@ -27,9 +27,8 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from tmem.errors import TmemError
-from tmem.retrieval.budgets import CascadeBudgets, rrf_k0_field
 from tmem.retrieval.scoring import FusionRule, GateRule
-from tmem.settings import Settings
+from tmem.settings import CascadeBudgets, Settings, rrf_k0_field
 
 DEFAULT_FUSION: FusionRule = "best_rank"
 """Fusion rule of the ``default`` preset for scene and item selection (to be settled by measurement)."""

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
-from tmem.retrieval.budgets import RRF_K0
+from tmem.settings import RRF_K0
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]

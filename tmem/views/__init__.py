@@ -1,1 +1,1 @@
-"""The embedding views: which texts of a conversation's memory get embedded (texts.py) and embedding them (embed.py), DESIGN.md §3."""
+"""The embedding views: which texts of a conversation's memory get embedded (texts.py) and the views declared once (catalog.py), DESIGN.md §3. Embedding them is a build stage (tmem/build/embed_views.py)."""

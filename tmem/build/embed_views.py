@@ -1,4 +1,4 @@
-"""Embedding a conversation's views into vector rows (DESIGN.md §3)."""
+"""The build stage that embeds a conversation's view texts (tmem.views.texts) into vector rows (DESIGN.md §3)."""
 
 from __future__ import annotations
 
