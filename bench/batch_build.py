@@ -86,7 +86,7 @@ def main() -> None:
         import tmem.devtools.synth  # noqa: F401 -- registers the deterministic responders
         from tmem.devtools.scripted_llm import ScriptedLLM
         from tmem.store.memory_image import diff_images, memory_image
-        from tmem.store.snapshot import current_snapshot
+        from tmem.store.snapshot.published import current_snapshot
 
         archive = one_conversation(args.locomo, root / "conversation.json", args.conversation)
         info = machine_info() | {"loadavg_start": [round(x, 2) for x in os.getloadavg()]}

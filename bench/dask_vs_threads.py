@@ -38,7 +38,7 @@ from tmem.devtools import synth
 from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.store.duck import connect
 from tmem.store.memory_image import diff_images, memory_image
-from tmem.store.snapshot import current_snapshot
+from tmem.store.snapshot.published import current_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

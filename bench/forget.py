@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from bench.benchstats import loadavg, machine_info, table  # noqa: E402
 from tmem.store.forget import forget_conversation  # noqa: E402
 from tmem.store.maintenance import optimize_vectors  # noqa: E402
-from tmem.store.snapshot import current_snapshot  # noqa: E402
+from tmem.store.snapshot.published import current_snapshot  # noqa: E402
 
 DEFAULT_OUT = REPO / "bench" / "results" / "forget.json"
 STEPS = ("work", "files", "vectors", "snapshot", "prune", "vector-versions", "rewrite")

@@ -79,7 +79,7 @@ def run_conversation(locomo: Path, root: Path, cid: str, base: int) -> dict[str,
     from flows.build_memory import build_memory
     from tmem.ingest import ingest_archives
     from tmem.store.memory_image import diff_images, memory_image
-    from tmem.store.snapshot import current_snapshot
+    from tmem.store.snapshot.published import current_snapshot
 
     def build(store: Path, only_changed: bool, label: str) -> tuple[dict[str, Any], float]:
         started = time.perf_counter()

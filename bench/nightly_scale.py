@@ -99,7 +99,7 @@ def embedded_texts(store: Path) -> dict[str, str]:
     import lancedb
 
     from tmem.llm.cached_embedder import embedding_key
-    from tmem.store.snapshot import current_snapshot
+    from tmem.store.snapshot.published import current_snapshot
 
     info = current_snapshot(store)
     if info is None:

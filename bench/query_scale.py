@@ -33,8 +33,8 @@ from tmem.store.conversations import load_turns
 from tmem.store.lance import VectorStore
 from tmem.store.memory_rows import read_memory
 from tmem.store.migrations import MEMORY_TABLES
-from tmem.store.snapshot import read_snapshot
-from tmem.store.snapshot_reader import SnapshotReader, resolve_lance_uri
+from tmem.store.snapshot.published import read_snapshot
+from tmem.store.snapshot.reader import SnapshotReader, resolve_lance_uri
 
 TARGET_SCALE_P95_MS = 50.0
 RSS_CHECKPOINTS = (1, 10, 100, 250, 500, 1000, 2000)

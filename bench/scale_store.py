@@ -56,7 +56,7 @@ from tmem.store.ingest_writer import IngestPlan, ingest_transaction
 from tmem.store.lance import VectorStore, make_row_id, vector_schema
 from tmem.store.memory_rows import memory_frames
 from tmem.store.migrations import MEMORY_TABLES
-from tmem.store.snapshot import SnapshotInfo, publish_snapshot
+from tmem.store.snapshot.published import SnapshotInfo, publish_snapshot
 from tmem.views.texts import memory_views
 
 VECTOR_TABLE = "vectors"

@@ -17,7 +17,7 @@ from tmem.store.conversations import conversation_states
 from tmem.store.duck import connect
 from tmem.store.lance_location import is_object_uri, lance_uri
 from tmem.store.maintenance import optimize_vectors
-from tmem.store.snapshot import prune_snapshots, unpublished_conversations
+from tmem.store.snapshot.published import prune_snapshots, unpublished_conversations
 
 
 @task(name="drain-spool", task_run_name="drain-spool", tags=["stage:ingest"])

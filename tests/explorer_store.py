@@ -22,7 +22,7 @@ from tmem.errors import LLMOutputError
 from tmem.store.duck import connect
 from tmem.store.quarantine import clear_quarantine, record_quarantine
 from tmem.store.runs import finish_run, start_run
-from tmem.store.snapshot import SnapshotInfo
+from tmem.store.snapshot.published import SnapshotInfo
 
 HOSTILE = (
     "it's <script>window.__pwned = 1</script>",

@@ -29,7 +29,7 @@ from tmem.store.lance import ConversationVectors, VectorStore
 from tmem.store.lance_location import VECTOR_TABLE
 from tmem.store.memory_rows import read_memory
 from tmem.store.runs import RunRecord, list_runs
-from tmem.store.snapshot import SnapshotInfo, current_snapshot
+from tmem.store.snapshot.published import SnapshotInfo, current_snapshot
 
 T = TypeVar("T")
 

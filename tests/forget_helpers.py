@@ -111,7 +111,7 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 
 def image_bytes(snapshot_dir: Path, conversation_id: str) -> bytes:
     """The conversation's whole image (document, vector section, BM25) as stored in a snapshot."""
-    from tmem.store.conversation_image import IMAGE_FILE, image_location
+    from tmem.store.snapshot.image import IMAGE_FILE, image_location
 
     con = duckdb.connect(str(snapshot_dir / "memory.duckdb"), read_only=True)
     try:

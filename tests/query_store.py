@@ -38,7 +38,7 @@ from tmem.retrieval.scoring import tokenize
 from tmem.store.duck import connect
 from tmem.store.lance import VectorStore
 from tmem.store.memory_rows import record_memory_build, replace_memories
-from tmem.store.snapshot import SnapshotInfo, publish_snapshot
+from tmem.store.snapshot.published import SnapshotInfo, publish_snapshot
 
 NOW = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 T0 = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)

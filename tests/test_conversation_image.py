@@ -1,4 +1,4 @@
-"""Per-conversation images in published snapshots (tmem/store/conversation_image.py).
+"""Per-conversation images in published snapshots (tmem/store/snapshot/image.py).
 
 The image is derived from the snapshot's tables at publish time; these tests prove that reading it
 gives exactly what the table reads give, that an image never holds another conversation's rows
@@ -21,11 +21,10 @@ from tmem.errors import StoreError
 from tmem.query.loader import load_index
 from tmem.query.memory import Memory
 from tmem.retrieval.lexical import BM25Section
-from tmem.store.conversation_image import (
+from tmem.store.snapshot.formats import IMAGE_FORMAT, MANIFEST_KEY
+from tmem.store.snapshot.image import (
     IMAGE_FILE,
-    IMAGE_FORMAT,
     IMAGE_TABLE,
-    MANIFEST_KEY,
     ImageLocation,
     decode_image,
     image_location,
@@ -33,9 +32,9 @@ from tmem.store.conversation_image import (
     read_image,
     write_conversation_images,
 )
-from tmem.store.image_vectors import lance_source
-from tmem.store.snapshot import MANIFEST, SnapshotInfo, current_snapshot
-from tmem.store.snapshot_reader import SnapshotReader
+from tmem.store.snapshot.image_vectors import lance_source
+from tmem.store.snapshot.published import MANIFEST, SnapshotInfo, current_snapshot
+from tmem.store.snapshot.reader import SnapshotReader
 
 MARKS = {cid: f"mark{chr(65 + n)}q" for n, cid in enumerate(CRAFTED_IDS)}  # no mark contains another
 

@@ -39,7 +39,7 @@ from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.domain import ConversationMemory
 from tmem.prompts.common import FEEDBACK_NOTE
 from tmem.store.lance import ConversationVectors
-from tmem.store.snapshot import SnapshotInfo
+from tmem.store.snapshot.published import SnapshotInfo
 
 pytestmark = pytest.mark.prefect
 

@@ -20,7 +20,7 @@ import pytest
 from tests.flow_helpers import ingest_slice, published, set_llm_env
 from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.store.memory_image import diff_images, memory_image
-from tmem.store.snapshot import read_snapshot
+from tmem.store.snapshot.published import read_snapshot
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 

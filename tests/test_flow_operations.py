@@ -17,7 +17,7 @@ from tests.paths import LOCOMO10
 from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.store.duck import connect
 from tmem.store.memory_image import diff_images, memory_image
-from tmem.store.snapshot import list_snapshots
+from tmem.store.snapshot.published import list_snapshots
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 

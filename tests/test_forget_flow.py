@@ -49,7 +49,7 @@ from tmem.settings import Settings
 from tmem.store.duck import connect
 from tmem.store.lance import VectorStore
 from tmem.store.memory_image import diff_images, memory_image
-from tmem.store.snapshot import CURRENT, MANIFEST, SNAPSHOTS, current_snapshot, list_snapshots
+from tmem.store.snapshot.published import CURRENT, MANIFEST, SNAPSHOTS, current_snapshot, list_snapshots
 
 pytestmark = pytest.mark.prefect
 

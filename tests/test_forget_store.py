@@ -40,7 +40,7 @@ from tmem.store.forget_files import pickle_names
 from tmem.store.lance import VectorStore
 from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger
 from tmem.store.memory_image import diff_images, memory_image
-from tmem.store.snapshot import current_snapshot, list_snapshots
+from tmem.store.snapshot.published import current_snapshot, list_snapshots
 from tmem.store.tombstones import id_digest
 
 NOW = datetime(2026, 2, 1, 12, 0, tzinfo=UTC)

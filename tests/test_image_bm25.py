@@ -20,8 +20,8 @@ from tmem.retrieval import lexical
 from tmem.retrieval.index import build_index
 from tmem.retrieval.lexical import RECIPE, decode_bm25, encode_bm25, prebuild
 from tmem.retrieval.scoring import bm25_scores, tokenize
-from tmem.store.snapshot import SnapshotInfo
-from tmem.store.snapshot_reader import SnapshotReader
+from tmem.store.snapshot.published import SnapshotInfo
+from tmem.store.snapshot.reader import SnapshotReader
 
 CIDS = ["conv-a", "x' OR '1'='1", "conv-b"]
 

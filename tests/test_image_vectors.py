@@ -1,4 +1,4 @@
-"""Vector sections of conversation images (tmem/store/image_vectors.py).
+"""Vector sections of conversation images (tmem/store/snapshot/image_vectors.py).
 
 A publish copies each conversation's rows of the pinned Lance vector table into its image. These
 tests prove the section equals the Lance read of the same conversation (crafted ids included), that
@@ -26,19 +26,13 @@ from tmem.query.loader import load_index
 from tmem.retrieval.cascade import search
 from tmem.retrieval.config import config_from_settings
 from tmem.retrieval.lexical import BM25Section
-from tmem.store.conversation_image import (
-    IMAGE_FILE,
-    IMAGE_FORMAT,
-    IMAGE_TABLE,
-    MANIFEST_KEY,
-    image_locations,
-    write_conversation_images,
-)
 from tmem.store.duck import connect
-from tmem.store.image_vectors import VectorSection, decode_section, encode_section, lance_source
 from tmem.store.lance import VectorStore
-from tmem.store.snapshot import MANIFEST, SnapshotInfo, current_snapshot, publish_snapshot
-from tmem.store.snapshot_reader import SnapshotReader
+from tmem.store.snapshot.formats import IMAGE_FORMAT, MANIFEST_KEY
+from tmem.store.snapshot.image import IMAGE_FILE, IMAGE_TABLE, image_locations, write_conversation_images
+from tmem.store.snapshot.image_vectors import VectorSection, decode_section, encode_section, lance_source
+from tmem.store.snapshot.published import MANIFEST, SnapshotInfo, current_snapshot, publish_snapshot
+from tmem.store.snapshot.reader import SnapshotReader
 
 DIM = 64
 
@@ -113,7 +107,7 @@ def test_searches_over_image_and_lance_loads_are_identical(published: tuple[Path
     con = duckdb.connect(str(old_dir / "memory.duckdb"))
     con.execute(f"ALTER TABLE {IMAGE_TABLE} DROP COLUMN vector_bytes")
     con.close()
-    from tmem.store.snapshot import read_snapshot
+    from tmem.store.snapshot.published import read_snapshot
 
     old = SnapshotReader(read_snapshot(tmp_path / "store", "old"), tmp_path / "store")
     new = SnapshotReader(info, tmp_path / "store")

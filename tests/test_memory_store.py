@@ -11,7 +11,7 @@ from tests.factories import sample_memory
 from tmem.errors import StoreError
 from tmem.store.duck import connect, table_counts
 from tmem.store.memory_rows import read_memory, record_memory_build, replace_memories
-from tmem.store.snapshot import current_snapshot, list_snapshots, prune_snapshots, publish_snapshot
+from tmem.store.snapshot.published import current_snapshot, list_snapshots, prune_snapshots, publish_snapshot
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

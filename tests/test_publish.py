@@ -17,7 +17,7 @@ from tmem.settings import load_settings
 from tmem.store.duck import connect
 from tmem.store.lance import VectorStore
 from tmem.store.memory_image import diff_images, memory_image
-from tmem.store.snapshot import current_snapshot
+from tmem.store.snapshot.published import current_snapshot
 from tmem.store.stage_cache import StageCache
 
 IDS = ("conv-26", "conv-30")

@@ -26,7 +26,7 @@ from tmem.query.memory import Memory, NoSnapshotError
 from tmem.retrieval.config import UnknownPresetError
 from tmem.retrieval.index import QueryVectorError
 from tmem.settings import Settings
-from tmem.store.snapshot_reader import SnapshotReader
+from tmem.store.snapshot.reader import SnapshotReader
 
 LATER = datetime(2026, 1, 6, 9, 0, tzinfo=UTC)
 

@@ -35,7 +35,7 @@ from tmem.store.duck import connect
 from tmem.store.memory_image import MemoryImage, diff_images, memory_image
 from tmem.store.migrations import MEMORY_TABLES
 from tmem.store.runs import list_runs
-from tmem.store.snapshot import CURRENT, MANIFEST, SNAPSHOTS, SnapshotInfo, current_snapshot
+from tmem.store.snapshot.published import CURRENT, MANIFEST, SNAPSHOTS, SnapshotInfo, current_snapshot
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 

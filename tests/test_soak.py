@@ -49,7 +49,7 @@ from tests.query_store import THEMES, build_store, make_conv, publish
 from tests.soak_client import Observation, query_loop
 from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
-from tmem.store.snapshot import SnapshotInfo, current_snapshot
+from tmem.store.snapshot.published import SnapshotInfo, current_snapshot
 
 pytestmark = [pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from tmem.store.lance import VectorStore
 from tmem.store.maintenance import optimize_vectors, pinned_versions
 from tmem.store.memory_rows import record_memory_build, replace_memories
 from tmem.store.runs import close_interrupted_runs, list_runs, start_run
-from tmem.store.snapshot import (
+from tmem.store.snapshot.published import (
     SNAPSHOTS,
     current_snapshot,
     list_snapshots,

@@ -34,7 +34,7 @@ from tmem.store.conversations import conversation_states
 from tmem.store.forget import pending_forget
 from tmem.store.quarantine import quarantines, record_quarantine, record_unit_quarantines
 from tmem.store.runs import close_interrupted_runs, finish_run, memory_counts, start_run
-from tmem.store.snapshot import unpublished_conversations
+from tmem.store.snapshot.published import unpublished_conversations
 
 RAW_EXCERPT_CHARS = 300  # of a quarantined answer, in the report (the whole answer is in the quarantine table)
 

@@ -20,7 +20,7 @@ from tmem.store.embed_cache import record_embedding_owners
 from tmem.store.lance_location import VECTOR_TABLE, lance_uri, pinned_lance_uri
 from tmem.store.memory_rows import record_memory_builds, recorded_builds, replace_memories
 from tmem.store.quarantine import clear_quarantines
-from tmem.store.snapshot import current_snapshot, publish_snapshot
+from tmem.store.snapshot.published import current_snapshot, publish_snapshot
 from tmem.views.texts import VIEWS_VERSION
 
 

@@ -13,7 +13,7 @@ def collect_stats(store: Path) -> dict[str, object]:
     from tmem.store.duck import connect, table_counts  # imported here: keeps `tmem --help` light
     from tmem.store.ingest_writer import conversation_overview
     from tmem.store.runs import memory_counts
-    from tmem.store.snapshot import current_snapshot
+    from tmem.store.snapshot.published import current_snapshot
 
     con = connect(store, read_only=True)
     try:

@@ -7,7 +7,7 @@ JSON body (404 unknown, 422 empty or too long), 503 before anything is published
 only the pinned published snapshot, never the builder's ``work.duckdb``.
 
 Builds and quarantine come from the snapshot's copy of the builder's records, as they stood at
-publish (:mod:`tmem.store.snapshot_catalog`). Turns posted by a live assistant and not built
+publish (:mod:`tmem.store.snapshot.catalog`). Turns posted by a live assistant and not built
 yet are counted by the ``pending_turns`` hook (the service passes the spool of posted turns).
 """
 
@@ -48,8 +48,8 @@ from tmem.query.schemas import TurnOut, item_out, persona_out, scene_out
 from tmem.retrieval.config import preset_names
 from tmem.store.quarantine import QuarantineRecord
 from tmem.store.runs import RunRecord
-from tmem.store.snapshot import list_snapshots, read_snapshot
-from tmem.store.snapshot_catalog import ConversationCounts, conversation_counts, snapshot_quarantine, snapshot_runs
+from tmem.store.snapshot.catalog import ConversationCounts, conversation_counts, snapshot_quarantine, snapshot_runs
+from tmem.store.snapshot.published import list_snapshots, read_snapshot
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from tmem.retrieval.index import ConversationIndex
 from tmem.retrieval.trace import StageTrace
 from tmem.store.quarantine import QuarantineRecord
 from tmem.store.runs import RunRecord
-from tmem.store.snapshot_catalog import ConversationCounts
+from tmem.store.snapshot.catalog import ConversationCounts
 
 STAGE_KINDS: dict[str, Literal["topic", "scene", "item"]] = {
     "topic_prefilter": "topic", "scene_cue": "scene", "scene_selection": "scene",

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from tmem.errors import ScopeError
 from tmem.retrieval.index import ConversationIndex, VectorBundle, build_index
-from tmem.store.image_vectors import VectorSection
-from tmem.store.snapshot_reader import SnapshotReader
+from tmem.store.snapshot.image_vectors import VectorSection
+from tmem.store.snapshot.reader import SnapshotReader
 
 CacheKey = tuple[str, str, bool]  # (snapshot id, conversation id, vectors loaded)
 

@@ -36,8 +36,8 @@ from tmem.retrieval.context import FormattedContext, format_context
 from tmem.retrieval.index import ConversationIndex
 from tmem.settings import Settings, load_settings
 from tmem.store.lance_location import VECTOR_TABLE
-from tmem.store.snapshot import CURRENT, SnapshotInfo, current_snapshot
-from tmem.store.snapshot_reader import SnapshotConversation, SnapshotReader
+from tmem.store.snapshot.published import CURRENT, SnapshotInfo, current_snapshot
+from tmem.store.snapshot.reader import SnapshotConversation, SnapshotReader
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ def conversation_states(con: duckdb.DuckDBPyConnection, ids: list[str] | None = 
     return [states[i] for i in ids]
 
 
-# Row order and columns ``turns_from_rows`` expects (``tmem.store.conversation_image`` keeps them).
+# Row order and columns ``turns_from_rows`` expects (``tmem.store.snapshot.image`` keeps them).
 TURN_ROW_QUERY = (
     "SELECT session_id, turn_id, seq, speaker, text, event_time, metadata "
     "FROM turns WHERE conversation_id = ? ORDER BY seq, turn_id"

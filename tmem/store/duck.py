@@ -2,7 +2,7 @@
 
 DuckDB allows one read-write process per file, and while it is open no other process can
 open the file at all. So this database belongs to the builder; the query side reads
-immutable snapshots (see :mod:`tmem.store.snapshot`).
+immutable snapshots (see :mod:`tmem.store.snapshot.published`).
 """
 
 from __future__ import annotations

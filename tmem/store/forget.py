@@ -8,7 +8,7 @@ The steps, in order (each one idempotent; the job row in ``forget_jobs`` says wh
                   (:mod:`tmem.store.forget_files`).
 3. ``vectors``  — LanceDB: its rows, and the fragments that held them rewritten
                   (:mod:`tmem.store.lance_forget`).
-4. ``snapshot`` — the current snapshot republished without it (:mod:`tmem.store.snapshot_forget`).
+4. ``snapshot`` — the current snapshot republished without it (:mod:`tmem.store.snapshot.forget`).
 5. ``prune``    — every other snapshot deleted (they pin Lance versions step 6 deletes).
 6. ``vector-versions`` — every Lance version but the latest deleted, with the files only they used.
 7. ``rewrite``  — the working database copied into a fresh file, so no freed block keeps a byte.
@@ -37,10 +37,10 @@ from tmem.errors import ForgetError, StoreError
 from tmem.store.duck import connect, work_db_path
 from tmem.store.forget_files import forget_files
 from tmem.store.forget_work import Unowned, delete_from_work, holds_conversation, plan_work, rewrite_work_db
-from tmem.store.image_vectors import lance_source
 from tmem.store.lance_forget import drop_old_versions, forget_vectors, latest_versions, vector_rows
-from tmem.store.snapshot import current_snapshot, list_snapshots
-from tmem.store.snapshot_forget import remove_other_snapshots, republish_without, snapshots_holding
+from tmem.store.snapshot.forget import remove_other_snapshots, republish_without, snapshots_holding
+from tmem.store.snapshot.image_vectors import lance_source
+from tmem.store.snapshot.published import current_snapshot, list_snapshots
 from tmem.store.tombstones import id_digest
 
 STEPS = ("work", "files", "vectors", "snapshot", "prune", "vector-versions", "rewrite")

@@ -17,7 +17,7 @@ import lancedb
 
 from tmem.errors import StoreError
 from tmem.store.lance import VectorStore
-from tmem.store.snapshot import list_snapshots, read_snapshot
+from tmem.store.snapshot.published import list_snapshots, read_snapshot
 
 DEFAULT_MARGIN = timedelta(minutes=5)
 

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from tmem.store.lance import VectorStore
 from tmem.store.migrations import MEMORY_TABLES
-from tmem.store.snapshot import SnapshotInfo
+from tmem.store.snapshot.published import SnapshotInfo
 
 VectorKey = tuple[str, str, str, str, int, str]
 

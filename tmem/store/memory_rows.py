@@ -167,7 +167,7 @@ def _list(value: Any) -> tuple[str, ...]:
 
 
 # The queries that read one conversation's memory, in the row order ``memory_from_rows`` expects.
-# Each selects exactly the columns it needs; ``tmem.store.conversation_image`` builds the same rows
+# Each selects exactly the columns it needs; ``tmem.store.snapshot.image`` builds the same rows
 # for every conversation at once (its SQL must keep these orders).
 MEMORY_ROW_QUERIES: dict[str, str] = {
     "scenes": "SELECT scene_id, seq, title, summary, narrative, turn_ids, start_time, end_time "

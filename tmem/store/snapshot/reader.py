@@ -7,9 +7,9 @@ conversation with ``?`` parameters; vector rows come from LanceDB at the version
 pins, through the typed scope filter of :class:`~tmem.store.lance.VectorStore`. The vector
 width is read from the Lance table's schema, so the store describes itself.
 
-Snapshots published with vector sections in their images (format 2) serve a cold load's vectors
-from the image (:meth:`SnapshotReader.read_vector_rows`); LanceDB stays the system of record and
-the fallback for older snapshots.
+Snapshots published with vector sections in their images serve a cold load's vectors from the
+image (:meth:`SnapshotReader.read_vector_rows`); LanceDB stays the system of record and the source
+for snapshots without them. Which format is read how: :mod:`tmem.store.snapshot.formats`.
 
 Opening the DuckDB file costs ~15-25 ms and LanceDB ~1.5 s to import, so both happen on first
 use only; a lexical-only reader never imports LanceDB.
@@ -32,9 +32,12 @@ import duckdb
 from tmem.domain import ConversationMemory, Turn
 from tmem.errors import ScopeError, StoreError
 from tmem.retrieval.lexical import PrebuiltBM25, decode_bm25
-from tmem.store.conversation_image import (
+from tmem.store.conversations import load_turns
+from tmem.store.ingest_writer import StoredState, read_stored_state
+from tmem.store.memory_rows import read_memory
+from tmem.store.snapshot.formats import has_sections, reads_images
+from tmem.store.snapshot.image import (
     IMAGE_FILE,
-    READABLE_FORMATS,
     ImageLocation,
     decode_image,
     image_locations,
@@ -42,11 +45,8 @@ from tmem.store.conversation_image import (
     read_bytes_at,
     read_image_at,
 )
-from tmem.store.conversations import load_turns
-from tmem.store.image_vectors import QUERY_VECTOR_TABLE, VectorSection, decode_section
-from tmem.store.ingest_writer import StoredState, read_stored_state
-from tmem.store.memory_rows import read_memory
-from tmem.store.snapshot import SnapshotInfo
+from tmem.store.snapshot.image_vectors import QUERY_VECTOR_TABLE, VectorSection, decode_section
+from tmem.store.snapshot.published import SnapshotInfo
 
 if TYPE_CHECKING:
     from tmem.store.lance import ConversationVectors, VectorStore
@@ -159,7 +159,7 @@ class SnapshotReader:
     @contextmanager
     def tables(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A read-only cursor on the snapshot's tables, for catalogue reads (counts, run and
-        quarantine records: :mod:`tmem.store.snapshot_catalog`); DuckDB errors become StoreError."""
+        quarantine records: :mod:`tmem.store.snapshot.catalog`); DuckDB errors become StoreError."""
         with self._cursor() as cursor:
             yield cursor
 
@@ -167,11 +167,11 @@ class SnapshotReader:
     def uses_images(self) -> bool:
         """Whether cold reads use the snapshot's per-conversation images (a format this reader
         knows); otherwise they query the memory tables and turns."""
-        return self.info.image_format in READABLE_FORMATS
+        return reads_images(self.info.image_format)
 
     @property
     def _vector_column(self) -> bool:
-        return self.uses_images and (self.info.image_format or 0) >= 2
+        return has_sections(self.info.image_format)
 
     def read_conversation(self, conversation_id: str, *, from_tables: bool = False) -> tuple[ConversationMemory, tuple[Turn, ...]]:
         """The memory and turns of one conversation. :class:`ScopeError` when the snapshot holds

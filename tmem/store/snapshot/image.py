@@ -17,15 +17,14 @@ conversations: DuckDB decompressed whole column segments.) A reader loads that t
 dict (:func:`image_locations`), so a cold load makes no DuckDB query at all.
 
 Format 2 appends two derived sections to each document: the conversation's vector rows of the
-pinned Lance table (``vector_bytes``, :mod:`tmem.store.image_vectors`) and its BM25 index built at
+pinned Lance table (``vector_bytes``, :mod:`tmem.store.snapshot.image_vectors`) and its BM25 index built at
 publish (``lexical_bytes``, :mod:`tmem.retrieval.lexical`); either may be absent (0 bytes), and the
 reader then goes to Lance or builds BM25 itself. Each section names its conversation and is checked.
 
 Rows are grouped by ``conversation_id`` in SQL, so a document holds only its conversation's rows
 whatever characters the id contains; the reader also checks the id stored inside the document.
-``format`` versions the image: a reader uses images only when the snapshot's manifest names a
-format it knows (:data:`READABLE_FORMATS`) and otherwise reads the tables, so snapshots published
-before images existed stay readable; format-1 images are read without sections.
+``format`` versions the image: what a reader does with each format is
+:mod:`tmem.store.snapshot.formats`'s to say (one path per format).
 """
 
 from __future__ import annotations
@@ -44,16 +43,14 @@ import pyarrow as pa
 from tmem.domain import ConversationMemory, Turn
 from tmem.errors import StoreError
 from tmem.store.conversations import turns_from_rows
-from tmem.store.image_vectors import VectorSource, encode_section
 from tmem.store.memory_rows import Rows, memory_from_rows
+from tmem.store.snapshot.formats import IMAGE_FORMAT, READABLE_FORMATS
+from tmem.store.snapshot.image_vectors import VectorSource, encode_section
 
 log = logging.getLogger(__name__)
 
 IMAGE_TABLE = "conversation_images"
 IMAGE_FILE = "conversation_images.bin"
-IMAGE_FORMAT = 3  # written now: 2 (1 plus an optional vector section, image_vectors.py) plus item times (m007)
-READABLE_FORMATS = frozenset({1, 2, 3})  # 1 and 2 hold items without time columns: read as stated days
-MANIFEST_KEY = "conversation_image_format"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

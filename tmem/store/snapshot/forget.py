@@ -28,9 +28,9 @@ import duckdb
 import pyarrow as pa
 
 from tmem.errors import StoreError
-from tmem.store.conversation_image import IMAGE_FILE, IMAGE_TABLE, open_image_file, write_image_index
 from tmem.store.forget_work import scrubbed_run
-from tmem.store.snapshot import (
+from tmem.store.snapshot.image import IMAGE_FILE, IMAGE_TABLE, open_image_file, write_image_index
+from tmem.store.snapshot.published import (
     MANIFEST,
     MEMORY_DB,
     SNAPSHOTS,

@@ -1,7 +1,7 @@
 """What a published snapshot says about itself: per-conversation counts, build runs, quarantine.
 
 The memory explorer reads these from the snapshot's immutable ``memory.duckdb`` (through
-:meth:`~tmem.store.snapshot_reader.SnapshotReader.tables`), never from the builder's
+:meth:`~tmem.store.snapshot.reader.SnapshotReader.tables`), never from the builder's
 ``work.duckdb``: DuckDB lets no reader open a file another process holds read-write, and a
 reader holding it would in turn keep the builder out. The run and quarantine records are the
 builder's tables as they stood at publish (:data:`~tmem.store.snapshot.SNAPSHOT_RECORD_TABLES`);

@@ -1,6 +1,6 @@
 """The vector section of a conversation image: its query-side vector rows as raw float32 bytes.
 
-LanceDB stays the system of record for vectors; at publish, :func:`~tmem.store.conversation_image.
+LanceDB stays the system of record for vectors; at publish, :func:`~tmem.store.snapshot.image.
 write_conversation_images` copies each conversation's rows of the query table (``vectors``) at the
 version the snapshot pins into the conversation's image, right after its memory document, so a cold
 load reads them with one ``pread`` instead of a scoped Lance query (bench/query.py --part scale).

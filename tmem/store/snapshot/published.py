@@ -32,10 +32,11 @@ import duckdb
 from tmem.errors import StoreError
 from tmem.ids import content_hash
 from tmem.retrieval.lexical import BM25Section
-from tmem.store.conversation_image import IMAGE_FORMAT, write_conversation_images
-from tmem.store.conversation_image import MANIFEST_KEY as IMAGE_MANIFEST_KEY
-from tmem.store.image_vectors import lance_source
 from tmem.store.migrations import MEMORY_TABLES
+from tmem.store.snapshot.formats import IMAGE_FORMAT
+from tmem.store.snapshot.formats import MANIFEST_KEY as IMAGE_MANIFEST_KEY
+from tmem.store.snapshot.image import write_conversation_images
+from tmem.store.snapshot.image_vectors import lance_source
 
 SNAPSHOTS = "snapshots"
 CURRENT = "CURRENT"
