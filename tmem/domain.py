@@ -162,6 +162,16 @@ class ItemTriggers(Frozen):
     bridges: tuple[BridgeTrigger, ...]
 
 
+class FamilyTriggers(Frozen):
+    """The texts of one item for a trigger family declared beyond the built-in four
+    (:mod:`tmem.construct.families`)."""
+
+    conversation_id: str
+    family: str
+    item_id: str
+    texts: tuple[str, ...]
+
+
 class SceneTriggers(Frozen):
     """Q IV (four attributes) and Q III (five horizon channels, each possibly empty) of one scene."""
 
@@ -201,3 +211,4 @@ class ConversationMemory(Frozen):
     item_triggers: tuple[ItemTriggers, ...]
     scene_triggers: tuple[SceneTriggers, ...]
     personas: tuple[Persona, ...]
+    family_triggers: tuple[FamilyTriggers, ...] = ()  # of the declared families beyond the built-in four

@@ -41,8 +41,19 @@ from tmem.construct import (
     scene_triggers_outcome,
     segment_outcome,
 )
+from tmem.construct.families import TriggerFamily, added_families
 from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_batches
-from tmem.domain import ConversationMemory, Item, ItemTriggers, Persona, Scene, SceneTriggers, Topic, Turn
+from tmem.domain import (
+    ConversationMemory,
+    FamilyTriggers,
+    Item,
+    ItemTriggers,
+    Persona,
+    Scene,
+    SceneTriggers,
+    Topic,
+    Turn,
+)
 from tmem.errors import LLMError
 from tmem.ports import JournalBatch
 from tmem.store.conversations import load_turns
@@ -54,6 +65,7 @@ ITEMS: Codec[ExtractedItems] = Codec(TypeAdapter(ExtractedItems))
 ITEM_TRIGGERS: Codec[list[ItemTriggers]] = Codec(TypeAdapter(list[ItemTriggers]))
 SCENE_TRIGGERS: Codec[list[SceneTriggers]] = Codec(TypeAdapter(list[SceneTriggers]))
 PERSONA: Codec[Persona | None] = Codec(TypeAdapter(Persona | None))
+FAMILY_TRIGGERS: Codec[list[FamilyTriggers]] = Codec(TypeAdapter(list[FamilyTriggers]))
 
 
 @dataclass(frozen=True)
@@ -103,16 +115,21 @@ def build_conversation(rt: BuildRuntime, conversation_id: str, observer: StageOb
         item_from = time.perf_counter()
         item_trig_futs = [stages.submit(_item_triggers(rt, cid, n, batch))
                           for n, batch in enumerate(item_trigger_batches(topics, items, scene_seq, settings.trigger_batch))]
+        family_futs = {family.name: stages.submit(_family_triggers(rt, cid, family, items))
+                       for family in added_families()}
         personas = stages.gather("persona", persona_futs, persona_from, lambda v: f"{sum(p is not None for p in v)} personas")
         item_triggers = stages.gather("item-triggers", item_trig_futs, item_from,
                                       lambda v: f"triggers of {sum(len(b) for b in v)} items")
         scene_triggers = stages.gather("scene-triggers", scene_trig_futs, scene_from,
                                        lambda v: f"triggers of {sum(len(b) for b in v)} scenes")
+        family_triggers = [t for name, fut in family_futs.items()
+                           for t in stages.gather(name, [fut], item_from, lambda v: f"texts of {len(v[0])} items")[0]]
         memory = ConversationMemory(
             conversation_id=cid, scenes=tuple(scenes), topics=tuple(topics), items=tuple(items),
             item_triggers=tuple(t for batch in item_triggers for t in batch),
             scene_triggers=tuple(t for batch in scene_triggers for t in batch),
             personas=tuple(p for p in personas if p is not None),
+            family_triggers=tuple(family_triggers),
         )
         vectors = stages.run(Unit("embed", cid, {}, lambda: StageOutcome(embed_memory_views(memory, by_id, rt.embedder)),
                                   None), lambda v: f"{len(v)} vectors")
@@ -152,3 +169,18 @@ def _items(rt: BuildRuntime, cid: str, topic: Topic, scenes: Sequence[Scene], by
 def _item_triggers(rt: BuildRuntime, cid: str, batch_no: int, items: Sequence[Item]) -> Unit[list[ItemTriggers]]:
     return Unit("item-triggers", f"{cid}/{batch_no}", {"batch_no": batch_no, "items": items},
                 lambda: item_triggers_outcome(cid, list(items), rt.chat, batch=max(1, len(items))), ITEM_TRIGGERS)
+
+
+def _family_triggers(rt: BuildRuntime, cid: str, family: TriggerFamily, items: Sequence[Item]) -> Unit[list[FamilyTriggers]]:
+    """One declared trigger family over the conversation's items (tmem.construct.families)."""
+    build = family.build
+    assert build is not None  # an added family always has one
+
+    def run() -> StageOutcome[list[FamilyTriggers]]:
+        texts = build(cid, list(items), rt.chat)
+        return StageOutcome([FamilyTriggers(conversation_id=cid, family=family.name, item_id=item.item_id,
+                                            texts=tuple(texts[item.item_id]))
+                             for item in items if texts.get(item.item_id)])
+
+    inputs = {"family": family.name, "operation": family.operation, "version": family.version, "items": items}
+    return Unit(family.name, f"{cid}/{family.name}", inputs, run, FAMILY_TRIGGERS)

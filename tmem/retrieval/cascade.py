@@ -295,11 +295,12 @@ def _held(rule: str, assoc: F64 | None, reserve: int, k: int, chosen: I64) -> fr
 
 
 def _trig_recall(c: _Query) -> I64:
-    """Stage 4: per item NaN-aware max cos over con/brg/joint; keep ≥ τ, at most R by score → A_I."""
+    """Stage 4: per item NaN-aware max cos over con/brg/joint (and declared families' views); keep ≥ τ, at most R by score → A_I."""
     idx, cfg, q = c.index, c.config, c.q
     if q is None or not cfg.item_triggers or cfg.trigger_cap == 0:
         return _EMPTY
     views = {v: cosine_scores(getattr(idx.items, v), q) for v in ITEM_TRIGGER_VIEWS}
+    views |= {v: cosine_scores(rows, q) for v, rows in idx.items.families.items()}  # declared trigger families
     best = nan_max(*views.values())
     passed = np.zeros(idx.n_items, dtype=bool)
     threshold: float | None
@@ -318,7 +319,7 @@ def _trig_recall(c: _Query) -> I64:
         shown = top_k(best, 2 * cfg.trigger_cap)  # the recalled items and the nearest misses
         stacked = np.vstack(list(views.values()))
         details = {
-            i: ITEM_TRIGGER_VIEWS[int(np.nanargmax(stacked[:, i]))] for i in shown.tolist() if np.isfinite(best[i])
+            i: list(views)[int(np.nanargmax(stacked[:, i]))] for i in shown.tolist() if np.isfinite(best[i])
         }
         c.stages.append(
             stage_trace(

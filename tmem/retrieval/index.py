@@ -35,7 +35,7 @@ from tmem.domain import (
 from tmem.errors import ScopeError, StoreError, TmemError
 from tmem.retrieval.lexical import PrebuiltBM25, corpus_tokens, order_for_index
 from tmem.retrieval.scoring import build_bm25, l2_normalise
-from tmem.views.catalog import VIEW_KEYS, VIEWS, ViewKey
+from tmem.views.catalog import VIEWS, ViewKey, family_views, view_keys
 from tmem.views.texts import window_start
 
 F32 = npt.NDArray[np.float32]
@@ -115,14 +115,15 @@ class VectorBundle:
                 f"{ords.shape[0]} ordinals, vectors of shape {vec.shape}"
             )
         keys = np.asarray([f"{k}/{v}" for k, v in zip(owner_kinds, views, strict=True)], dtype=object)
-        unknown = set(keys.tolist()) - {f"{k}/{v}" for k, v in VIEW_KEYS}
+        known = view_keys()
+        unknown = set(keys.tolist()) - {f"{k}/{v}" for k, v in known}
         if unknown:
             raise IndexConsistencyError(
-                f"unknown vector view(s) {sorted(unknown)}; expected one of {[f'{k}/{v}' for k, v in VIEW_KEYS]}"
+                f"unknown vector view(s) {sorted(unknown)}; expected one of {[f'{k}/{v}' for k, v in known]}"
             )
         owners = np.asarray(owner_ids, dtype=object)
         grouped: dict[ViewKey, ViewRows] = {}
-        for key in VIEW_KEYS:
+        for key in known:
             rows = np.flatnonzero(keys == f"{key[0]}/{key[1]}")
             if rows.size:
                 grouped[key] = ViewRows(tuple(owners[rows].tolist()), ords[rows], vec[rows])
@@ -176,6 +177,7 @@ class ItemTable:
     con: F32
     brg: F32
     joint: F32
+    families: Mapping[str, F32] = field(default_factory=dict)  # view -> rows, of the declared trigger families
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -411,6 +413,7 @@ def build_index(
             con=_single_view(vectors, ("item", "con"), item_pos, dim),
             brg=_single_view(vectors, ("item", "brg"), item_pos, dim),
             joint=_single_view(vectors, ("item", "joint"), item_pos, dim),
+            families={view: _single_view(vectors, ("item", view), item_pos, dim) for view in family_views()},
         ),
         personas=tuple(sorted(personas, key=lambda p: p.speaker)),
         bm25=bm25.retriever if bm25 is not None else build_bm25(corpus_tokens(topics, scenes, items)),

@@ -18,6 +18,7 @@ from tmem.domain import (
     SCENE_ATTRIBUTES,
     BridgeTrigger,
     ConversationMemory,
+    FamilyTriggers,
     Item,
     ItemTriggers,
     Persona,
@@ -96,6 +97,12 @@ def memory_frames(memory: ConversationMemory) -> dict[str, pl.DataFrame]:
                 "conversation_id": cid, "item_id": it.item_id, "family": "bridge", "ordinal": n,
                 "text": br.situation, "rationale": br.rationale,
             })
+    for ft in memory.family_triggers:  # a declared family beyond the built-in four (tmem.construct.families)
+        rows["item_triggers"].extend(
+            {"conversation_id": cid, "item_id": ft.item_id, "family": ft.family, "ordinal": n, "text": text,
+             "rationale": None}
+            for n, text in enumerate(ft.texts)
+        )
     for st in memory.scene_triggers:
         for attr in SCENE_ATTRIBUTES:
             rows["scene_triggers"].append({
@@ -241,11 +248,14 @@ def memory_from_rows(conversation_id: str, rows: Rows) -> ConversationMemory:
     )
     ents: dict[str, list[str]] = {}
     brgs: dict[str, list[BridgeTrigger]] = {}
+    added: dict[tuple[str, str], list[str]] = {}  # (family, item id) -> texts of a declared family
     for item_id, family, text, rationale in rows["item_triggers"]:
         if family == "entity":
             ents.setdefault(item_id, []).append(text)
-        else:
+        elif family == "bridge":
             brgs.setdefault(item_id, []).append(BridgeTrigger(situation=text, rationale=rationale or ""))
+        else:
+            added.setdefault((family, item_id), []).append(text)
     item_triggers = tuple(
         ItemTriggers(conversation_id=conversation_id, item_id=iid, entities=tuple(ents.get(iid, ())),
                      bridges=tuple(brgs.get(iid, ())))
@@ -266,5 +276,10 @@ def memory_from_rows(conversation_id: str, rows: Rows) -> ConversationMemory:
         Persona(conversation_id=conversation_id, speaker=speaker, **json.loads(body))
         for speaker, body in rows["personas"]
     )
+    family_triggers = tuple(
+        FamilyTriggers(conversation_id=conversation_id, family=family, item_id=item_id, texts=tuple(texts))
+        for (family, item_id), texts in sorted(added.items())
+    )
     return ConversationMemory(conversation_id=conversation_id, scenes=scenes, topics=topics, items=items,
-                  item_triggers=item_triggers, scene_triggers=scene_triggers, personas=personas)
+                              item_triggers=item_triggers, scene_triggers=scene_triggers, personas=personas,
+                              family_triggers=family_triggers)

@@ -2,13 +2,16 @@
 
 The texts of each view are :mod:`tmem.views.texts`'s to write; the vector store accepts these view
 names (:mod:`tmem.store.lance`) and the query side loads these keys (:mod:`tmem.retrieval.index`).
-A new view is a row here and its text in :func:`tmem.views.texts.memory_views`.
+A new view is a row here and its text in :func:`tmem.views.texts.memory_views`; a declared trigger
+family (:mod:`tmem.construct.families`) brings its own view, which :func:`view_keys` adds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from tmem.construct.families import added_families
 
 OwnerKind = Literal["topic", "scene", "item"]
 ViewKey = tuple[OwnerKind, str]
@@ -35,6 +38,15 @@ VIEWS: tuple[View, ...] = (
 )
 
 VIEW_KEYS: tuple[ViewKey, ...] = tuple((v.owner, v.name) for v in VIEWS)
-VIEW_NAMES: frozenset[str] = frozenset(v.name for v in VIEWS)
 # The item-trigger views TrigRecall scores an item by (NaN-aware max over them).
 ITEM_TRIGGER_VIEWS: tuple[str, ...] = ("con", "brg", "joint")
+
+
+def family_views() -> tuple[str, ...]:
+    """The item views of the trigger families declared beyond the built-in four, by family name."""
+    return tuple(f.view for f in added_families())
+
+
+def view_keys() -> tuple[ViewKey, ...]:
+    """Every view key a conversation's vectors may hold now: :data:`VIEW_KEYS` and the declared families'."""
+    return VIEW_KEYS + tuple(("item", view) for view in family_views())

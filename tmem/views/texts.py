@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tmem.construct.families import family_named
 from tmem.domain import HORIZON_CHANNELS, SCENE_ATTRIBUTES, ConversationMemory, Turn
 from tmem.views.catalog import OwnerKind
 
@@ -154,4 +155,9 @@ def memory_views(
         joint = " | ".join(part for part in (entities, bridges, rationales) if part)
         if joint:
             out.append(ViewText("item", it.item_id, "joint", 0, joint))
+    for ft in memory.family_triggers:  # a declared family beyond the built-in four: one row, its texts joined
+        family = family_named(ft.family)
+        text = "; ".join(t.strip() for t in ft.texts if t.strip())
+        if family is not None and text:
+            out.append(ViewText("item", ft.item_id, family.view, 0, text))
     return out
