@@ -122,7 +122,8 @@ def test_a_declared_family_is_built_indexed_and_recalled(
     index = memory.snapshot().index(CID)
     assert set(index.items.families) == {"omn"}
 
-    result = memory.search(CUE, conversation_id=CID, trace=True)
+    # The paper's raw-cosine gate: five items are too few for the default standardised one.
+    result = memory.search(CUE, conversation_id=CID, preset="paper", trace=True)
     hit = next(i for i in result.items if i.item_id == target)
     assert "entity_bridge" in hit.channels  # TrigRecall reached it
     assert result.trace is not None

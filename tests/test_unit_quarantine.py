@@ -74,7 +74,7 @@ def test_m009_keeps_the_conversation_records_of_an_older_store(tmp_path: Path) -
                     "quarantined_at, state) VALUES ('conv-x', 'run-1', 'LLMOutputError', 'topic_create', "
                     "'conv-x scene 2', 'why', ?, 'active')", [T0])
         assert apply_migrations(con, MIGRATIONS) == ["m007_item_time", "m008_construction_health", "m009_quarantine_units",
-                                                     "m010_forget"]
+                                                     "m010_forget", "m011_trigger_families"]
         [record] = list_quarantine(con)
         assert (record.conversation_id, record.unit_kind, record.unit_id, record.reason, record.state) == (
             "conv-x", "conversation", "conv-x", "why", "active")

@@ -180,7 +180,7 @@ def _family_triggers(rt: BuildRuntime, cid: str, family: TriggerFamily, items: S
         texts = build(cid, list(items), rt.chat)
         return StageOutcome([FamilyTriggers(conversation_id=cid, family=family.name, item_id=item.item_id,
                                             texts=tuple(texts[item.item_id]))
-                             for item in items if texts.get(item.item_id)])
+                             for item in sorted(items, key=lambda i: i.item_id) if texts.get(item.item_id)])
 
     inputs = {"family": family.name, "operation": family.operation, "version": family.version, "items": items}
     return Unit(family.name, f"{cid}/{family.name}", inputs, run, FAMILY_TRIGGERS)

@@ -351,9 +351,30 @@ M010_FORGET = Migration(
     """,
 )
 
+# Trigger families declared beyond the paper's four (tmem.construct.families) store their texts as
+# item_triggers rows of their own name: the table loses its CHECK on the family (DuckDB drops a
+# constraint only with its table, so the rows move to a new one of the same columns and key).
+M011_TRIGGER_FAMILIES = Migration(
+    "m011_trigger_families",
+    """
+    CREATE TABLE item_triggers_m011 (
+        conversation_id VARCHAR NOT NULL,
+        item_id         VARCHAR NOT NULL,
+        family          VARCHAR NOT NULL,
+        ordinal         INTEGER NOT NULL,
+        text            VARCHAR NOT NULL,
+        rationale       VARCHAR,
+        PRIMARY KEY (conversation_id, item_id, family, ordinal)
+    );
+    INSERT INTO item_triggers_m011 SELECT conversation_id, item_id, family, ordinal, text, rationale FROM item_triggers;
+    DROP TABLE item_triggers;
+    ALTER TABLE item_triggers_m011 RENAME TO item_triggers;
+    """,
+)
+
 MIGRATIONS: Sequence[Migration] = (
     M001_INGEST, M002_MEMORY, M003_LLM, M004_USAGE_ESTIMATED, M005_LLM_BATCHES, M006_QUARANTINE, M007_ITEM_TIME,
-    M008_CONSTRUCTION_HEALTH, M009_QUARANTINE_UNITS, M010_FORGET,
+    M008_CONSTRUCTION_HEALTH, M009_QUARANTINE_UNITS, M010_FORGET, M011_TRIGGER_FAMILIES,
 )
 
 # Tables that make up a conversation's built memory (copied whole into a snapshot).
