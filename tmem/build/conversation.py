@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from pydantic import TypeAdapter
 
+from tmem import domain
 from tmem.build.embed_views import embed_memory_views
 from tmem.build.runtime import BuildRuntime
 from tmem.build.stages import Codec, ConversationStages, LogObserver, StageObserver, Unit
@@ -43,17 +44,7 @@ from tmem.construct import (
 )
 from tmem.construct.families import TriggerFamily, added_families
 from tmem.construct.stable_batches import item_trigger_batches, scene_trigger_batches
-from tmem.domain import (
-    ConversationMemory,
-    FamilyTriggers,
-    Item,
-    ItemTriggers,
-    Persona,
-    Scene,
-    SceneTriggers,
-    Topic,
-    Turn,
-)
+from tmem.domain import ConversationMemory, Item, ItemTriggers, Persona, Scene, SceneTriggers, Topic, Turn
 from tmem.errors import LLMError
 from tmem.ports import JournalBatch
 from tmem.store.conversations import load_turns
@@ -65,7 +56,7 @@ ITEMS: Codec[ExtractedItems] = Codec(TypeAdapter(ExtractedItems))
 ITEM_TRIGGERS: Codec[list[ItemTriggers]] = Codec(TypeAdapter(list[ItemTriggers]))
 SCENE_TRIGGERS: Codec[list[SceneTriggers]] = Codec(TypeAdapter(list[SceneTriggers]))
 PERSONA: Codec[Persona | None] = Codec(TypeAdapter(Persona | None))
-FAMILY_TRIGGERS: Codec[list[FamilyTriggers]] = Codec(TypeAdapter(list[FamilyTriggers]))
+FAMILY_TRIGGERS: Codec[list[domain.FamilyTriggers]] = Codec(TypeAdapter(list[domain.FamilyTriggers]))
 
 
 @dataclass(frozen=True)
@@ -171,14 +162,14 @@ def _item_triggers(rt: BuildRuntime, cid: str, batch_no: int, items: Sequence[It
                 lambda: item_triggers_outcome(cid, list(items), rt.chat, batch=max(1, len(items))), ITEM_TRIGGERS)
 
 
-def _family_triggers(rt: BuildRuntime, cid: str, family: TriggerFamily, items: Sequence[Item]) -> Unit[list[FamilyTriggers]]:
+def _family_triggers(rt: BuildRuntime, cid: str, family: TriggerFamily, items: Sequence[Item]) -> Unit[list[domain.FamilyTriggers]]:
     """One declared trigger family over the conversation's items (tmem.construct.families)."""
     build = family.build
     assert build is not None  # an added family always has one
 
-    def run() -> StageOutcome[list[FamilyTriggers]]:
+    def run() -> StageOutcome[list[domain.FamilyTriggers]]:
         texts = build(cid, list(items), rt.chat)
-        return StageOutcome([FamilyTriggers(conversation_id=cid, family=family.name, item_id=item.item_id,
+        return StageOutcome([domain.FamilyTriggers(conversation_id=cid, family=family.name, item_id=item.item_id,
                                             texts=tuple(texts[item.item_id]))
                              for item in sorted(items, key=lambda i: i.item_id) if texts.get(item.item_id)])
 
