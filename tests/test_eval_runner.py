@@ -452,3 +452,26 @@ def test_the_harness_warns_when_answers_are_judged_by_their_own_model() -> None:
     assert same_model_warning(Settings(llm_base_url="http://a/v1", llm_model="m", llm_judge_model="j")) is None
     other_host = Settings(llm_base_url="http://a/v1", llm_model="m", llm_judge_base_url="http://b/v1")
     assert same_model_warning(other_host) is None
+
+
+def test_the_harness_answers_with_the_reasoning_field_when_the_setting_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from tmem.cli.eval_cmd import _options, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    argv = ["locomo", "--data", "x.json", "--store", str(tmp_path)]
+    monkeypatch.setenv("TMEM_ANSWER_REASONING", "on")
+    reasoned = _options(parser.parse_args(argv)).answer
+    assert reasoned.reasoning and reasoned.identity()["reasoning"] is True
+    prompt = answer_request(EXAMPLES[0], "CTX", ("Ann", "Bob"), reasoned)
+    assert "reasoning" in prompt.response_model.model_fields  # the answer model is asked to reason first
+    answer_file = tmp_path / "answer.txt"
+    answer_file.write_text("{{memories}}\n{{question}}", encoding="utf-8")
+    protocol = _options(parser.parse_args([*argv, "--answer-prompt", str(answer_file)])).answer
+    assert not protocol.reasoning  # a protocol's own prompt file is sent as it is
+    monkeypatch.setenv("TMEM_ANSWER_REASONING", "off")
+    assert not _options(parser.parse_args(argv)).answer.reasoning
