@@ -131,7 +131,6 @@ def _options(args: argparse.Namespace) -> Any:
     from tmem.eval.judge import JudgeSetup
     from tmem.eval.prompt_files import load_prompt_file
     from tmem.eval.runner import AnswerSetup, RunOptions
-
     from tmem.settings import load_settings
 
     style = args.prompt_style
