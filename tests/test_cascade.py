@@ -260,7 +260,7 @@ def test_trigger_gate_keeps_items_at_or_above_tau(world):
 
 
 def test_trace_names_the_reaching_channels(world):
-    r = search(world, "pottery class", Q, BASE.with_(k_scenes=2, k_items=2), trace=True)
+    r = search(world, "pottery class", Q, BASE.with_(k_scenes=3, k_items=2), trace=True)
     s0 = next(s for s in r.scenes if s.scene_id == "s0")
     assert {"lexical", "dense"} <= set(s0.channels)
     i0 = next(i for i in r.items if i.item_id == "i0")
@@ -391,6 +391,26 @@ def test_fusion_rules_are_recorded_and_change_the_order(world):
     reserved = run(world, preset("reserved", BASE).with_(k_scenes=1, reserved_scene_slots=1))
     assert scene_ids(reserved) == ["s4"]  # the best SceneCue hit holds the only slot
     assert scene_ids(run(world, preset("paper", BASE).with_(k_scenes=1))) == ["s0"]
+
+
+def test_default_reads_each_scenecue_view_as_its_own_list(world):
+    # s5 is first in the horizon view only and s4 first in the scene-trigger view only: fused, SceneCue
+    # ranks s4 ahead and the third slot goes to the topical s1; read per view, s5 competes on its own
+    default = run(world, preset("default").with_(k_scenes=3, k_topics=1))
+    assert default.trace.stage("scene_selection").lists == (
+        "lexical", "dense", "cue_dialogue", "cue_scene_trigger", "cue_horizon")
+    assert set(scene_ids(default)) == {"s0", "s4", "s5"}
+    fused = run(world, preset("default").with_(k_scenes=3, k_topics=1, cue_lists="fused"))
+    assert fused.trace.stage("scene_selection").lists == ("lexical", "dense", "scene_cue")
+    assert set(scene_ids(fused)) == {"s0", "s4", "s1"}
+    assert preset("paper").cue_lists == "fused"  # the paper fuses SceneCue before scene selection
+
+
+def test_reserved_slots_need_the_fused_scenecue_list():
+    assert preset("reserved").cue_lists == "fused"
+    with pytest.raises(ValueError, match="cue_lists='fused'"):
+        preset("default").with_(scene_fusion="reserved")
+    assert preset("default").with_(scene_fusion="reserved", reserved_scene_slots=0).cue_lists == "views"
 
 
 # ----------------------------------------------------------------------------- presets

@@ -79,7 +79,38 @@ def test_a_match_late_in_a_long_scene_reaches_the_dialogue_channel():
                                        [r.view for r in rows], [r.ordinal for r in rows], [r.vector for r in rows])
     index = build_index("c", [scene, other], [], [], [], [], [], list(by_id.values()), bundle)
     q = np.array([1, 0, 0, 0], dtype=np.float32)
-    result = search(index, "kayak", q, RetrievalConfig(k_topics=1, k_scenes=1, k_items=0, k_cue=1), trace=True)
+    config = RetrievalConfig(k_topics=1, k_scenes=1, k_items=0, k_cue=1, dialogue_pool="max")
+    result = search(index, "kayak", q, config, trace=True)
     cue = result.trace.stage("scene_cue")
     assert cue.selected == ("s0",)
     assert cue.candidates[0].scores["dialogue"] == 1.0  # the best chunk, not the scene's opening
+
+
+def test_a_scene_about_the_query_outranks_a_long_one_that_touches_it_once():
+    # s0: twelve filler turns, then one about kayaks; s1: a short exchange all about kayaks. The best
+    # window of each matches alike; by default a scene's dialogue score also counts how much of it matches.
+    texts = [f"filler words number {n} here" for n in range(12)] + ["we bought a kayak", "a kayak trip", "kayak again"]
+    by_id = turns(texts)
+    ids = tuple(by_id)
+    long = Scene(conversation_id="c", scene_id="s0", seq=0, title="t", summary="s", narrative="n",
+                 turn_ids=ids[:13], start_time=T0, end_time=T0)
+    short = long.model_copy(update={"scene_id": "s1", "seq": 1, "turn_ids": ids[13:]})
+    memory = ConversationMemory(conversation_id="c", scenes=(long, short), topics=(), items=(), item_triggers=(),
+                    scene_triggers=(), personas=())
+    rows = embed_memory_views(memory, by_id, _Limited())
+    bundle = VectorBundle.from_columns([r.owner_kind for r in rows], [r.owner_id for r in rows],
+                                       [r.view for r in rows], [r.ordinal for r in rows], [r.vector for r in rows])
+    index = build_index("c", [long, short], [], [], [], [], [], list(by_id.values()), bundle)
+    q = np.array([1, 0, 0, 0], dtype=np.float32)
+
+    def dialogue(pool: str | None) -> dict[str, float]:
+        config = RetrievalConfig(k_topics=1, k_scenes=2, k_items=0, k_cue=2)
+        config = config if pool is None else config.with_(dialogue_pool=pool)
+        cue = search(index, "kayak", q, config, trace=True).trace.stage("scene_cue")
+        return {c.id: c.scores["dialogue"] for c in cue.candidates}
+
+    by_best = dialogue("max")
+    assert by_best["s0"] == by_best["s1"] == 1.0
+    default = dialogue(None)
+    assert RetrievalConfig().dialogue_pool == "max_mean"
+    assert default["s1"] == 1.0 and default["s0"] < 0.6  # (1 + mean of 13 windows, one matching) / 2

@@ -468,3 +468,26 @@ def test_tmem_eval_and_the_flow_share_one_dispatch_of_the_modes() -> None:
         eval_configs("sweep")
     with pytest.raises(ValueError, match="unknown mode 'table'"):
         eval_configs("table")
+
+
+def test_the_harness_answers_with_the_reasoning_field_when_the_setting_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from tmem.cli.eval_cmd import _options, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    argv = ["locomo", "--data", "x.json", "--store", str(tmp_path)]
+    monkeypatch.setenv("TMEM_ANSWER_REASONING", "on")
+    reasoned = _options(parser.parse_args(argv)).answer
+    assert reasoned.reasoning and reasoned.identity()["reasoning"] is True
+    prompt = answer_request(EXAMPLES[0], "CTX", ("Ann", "Bob"), reasoned)
+    assert "reasoning" in prompt.response_model.model_fields  # the answer model is asked to reason first
+    answer_file = tmp_path / "answer.txt"
+    answer_file.write_text("{{memories}}\n{{question}}", encoding="utf-8")
+    protocol = _options(parser.parse_args([*argv, "--answer-prompt", str(answer_file)])).answer
+    assert not protocol.reasoning  # a protocol's own prompt file is sent as it is
+    monkeypatch.setenv("TMEM_ANSWER_REASONING", "off")
+    assert not _options(parser.parse_args(argv)).answer.reasoning

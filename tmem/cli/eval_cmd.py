@@ -131,11 +131,14 @@ def _options(args: argparse.Namespace) -> Any:
     from tmem.eval.judge import JudgeSetup
     from tmem.eval.prompt_files import load_prompt_file
     from tmem.eval.runner import AnswerSetup, RunOptions
+    from tmem.settings import load_settings
 
     style = args.prompt_style
     answer = AnswerSetup(
         template=load_prompt_file(args.answer_prompt, style) if args.answer_prompt else None,
         role=args.answer_prompt_role, positional=tuple(args.answer_positional),
+        # the product's setting (TMEM_ANSWER_REASONING) applies to tmem's own answer prompt here too
+        reasoning=load_settings().answer_reasoning == "on" and not args.answer_prompt,
     )
     judge = JudgeSetup(
         template=load_prompt_file(args.judge_prompt, style) if args.judge_prompt else None,

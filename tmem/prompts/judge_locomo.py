@@ -17,7 +17,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import assemble
 
 OPERATION = "judge_locomo"
-VERSION = "2"
+VERSION = "3"
 
 
 class JudgeLocomoInput(BaseModel):
@@ -40,7 +40,9 @@ class JudgeLocomoResponse(BaseModel):
             "that lands on the same day, month or year; WRONG when it names something else, contradicts "
             "the reference, misses its point, or says the information is not available. Two rules decide "
             "the close cases. Lists: CORRECT when the candidate names at least half of the reference's "
-            "items and nothing that contradicts it; WRONG when it names fewer or adds wrong items. Dates: "
+            "items and nothing that contradicts it; WRONG when it names fewer or adds an item that contradicts "
+            "the reference or the question. An item or detail the reference does not mention, and does not "
+            "contradict, neither helps nor hurts: you cannot check it, so judge by what you can. Dates: "
             "one day off is CORRECT when both clearly point to the same event (the same weekend, 'last "
             "Saturday' read from a nearby day); a different week, month or year is WRONG, and so is a "
             "month or year when the reference names a different one."

@@ -14,7 +14,7 @@ from tmem.prompts.base import Prompt
 from tmem.prompts.common import DialogueBlock, assemble
 
 OPERATION = "scene_boundaries"
-VERSION = "2"
+VERSION = "3"
 
 
 class BoundaryInput(BaseModel):
@@ -51,11 +51,14 @@ class BoundaryResponse(BaseModel):
 
 
 SYSTEM = (
-    "You cut a long chat between two people into scenes. A scene is one exchange about a single "
-    "matter, from where it opens to where the speakers have finished with it and turn to something "
-    "else. Its length follows the matter: a remark and its reply about a matter of their own are a "
-    "scene of two turns, a long talk about one plan may run for dozens of turns. Do not cut one "
-    "matter into pieces, and do not glue two matters together because one of them is short.\n"
+    "You cut a long chat between two people into scenes. A scene is one event or exchange about a "
+    "single matter, from where it opens to where the speakers have finished with it and turn to "
+    "something else. Greetings, small talk, asides and follow-up questions belong to the matter they "
+    "surround, and a matter the speakers come back to after an aside is still the same scene. Within a "
+    "session most scenes run for about six to twenty turns: close a scene when the matter changes, not "
+    "after every reply. A short exchange is a scene of its own when it stands alone: a session, or a "
+    "clear break within one, given to one matter that the turns around it do not continue, even when "
+    "it is only a remark and its reply.\n"
     "A new session does not close a scene by itself: an unfinished matter may continue in the next "
     "session, and one session may hold several scenes. But when a new session, or a new turn, takes "
     "up a different matter, the scene before it has closed.\n"
