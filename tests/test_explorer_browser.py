@@ -9,7 +9,6 @@ CI installs the browser (``.ci/run``); ``playwright install`` cannot work here (
 from __future__ import annotations
 
 import re
-
 import shutil
 import tempfile
 from collections.abc import Iterator

@@ -52,7 +52,7 @@ def file_digest(path: Path) -> str:
 
 def demo_operations() -> frozenset[str]:
     """Every LLM operation the demo can ask: the build's and the answer."""
-    from flows.build_memory import BUILD_OPERATIONS  # the flow's own list (tests/test_build_fingerprint.py)
+    from tmem.build.spec import BUILD_OPERATIONS  # the build's own list (tests/test_build_fingerprint.py)
 
     return BUILD_OPERATIONS | {"answer"}
 
