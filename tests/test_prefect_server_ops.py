@@ -14,6 +14,7 @@ The server runs in a subprocess with its own ``PREFECT_HOME`` (SQLite), its serv
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import subprocess
@@ -162,7 +163,8 @@ def test_a_long_build_keeps_its_progress_artifact_current(
             return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tmem-build-progress"])))
 
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(build, store)
+        # The build runs in a thread: it gets this context, so it reports to the real server too.
+        running = pool.submit(contextvars.copy_context().run, build, store)
         while not running.done():
             seen += [(float(a.data), str(a.description)) for a in progress()]
             time.sleep(0.1)
