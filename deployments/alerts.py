@@ -11,7 +11,9 @@ automation ``tmem-nightly-failed``: a reactive event trigger on ``prefect.flow-r
 notification through the block naming the flow run, its state and message and a link to it.
 ``--webhook-url`` stores a ``Custom Webhook`` notification block ``tmem-nightly-alerts`` that POSTs
 ``{"text": subject + body}`` (what Slack and Mattermost incoming webhooks accept).
-The server evaluates the trigger and sends the notification itself: no worker needs to be up.
+The server evaluates the trigger and sends the notification itself: no worker needs to be up. The
+link in the notification is built from the server's ``PREFECT_UI_URL`` (start the server with it,
+e.g. ``PREFECT_UI_URL=http://prefect.internal:4200``); without it the body names the run's id.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ WEBHOOK_BLOCK = "tmem-nightly-alerts"
 DEFAULT_DEPLOYMENT = "nightly-rebuild/nightly-rebuild"
 FAILED_EVENTS = ("prefect.flow-run.Failed", "prefect.flow-run.Crashed")
 SUBJECT = "tmem nightly {{ flow_run.name }}: {{ flow_run.state.name }}"
+# The link needs the server to know its UI address (PREFECT_UI_URL, or PREFECT_API_URL, in the server's
+# environment); without it ``ui_url`` renders None, so the body names the run's id instead.
 BODY = ("Flow run {{ flow_run.name }} of deployment {{ deployment.name }} ended {{ flow_run.state.name }}: "
-        "{{ flow_run.state.message }}\n{{ flow_run|ui_url }}")
+        "{{ flow_run.state.message }}\n{{ flow_run|ui_url or ('flow run id ' ~ flow_run.id) }}")
 
 
 def webhook_block(url: str) -> UUID:

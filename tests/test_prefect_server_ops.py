@@ -14,6 +14,7 @@ The server runs in a subprocess with its own ``PREFECT_HOME`` (SQLite), its serv
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import subprocess
@@ -76,7 +77,8 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
-        "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+        "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+        "PREFECT_UI_URL": f"http://127.0.0.1:{port}"}  # as docs/operations.md starts it: alerts link to the run
     log = (home / "server.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
                              str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -121,7 +123,8 @@ def test_a_failed_nightly_run_alerts_through_the_automation_and_another_deployme
             assert [a.id for a in client.read_automations_by_name(name=AUTOMATION)] == [again.id] != [automation.id]
         stored = Automation.read(name=AUTOMATION)
         assert stored.trigger.expect == set(FAILED_EVENTS)  # type: ignore[union-attr]
-        assert stored.trigger.match_related == {"prefect.resource.id": f"prefect.deployment.{nightly_id}"}  # type: ignore[union-attr]
+        related: Any = stored.trigger.match_related  # type: ignore[union-attr]
+        assert related.model_dump() == {"prefect.resource.id": f"prefect.deployment.{nightly_id}"}  # a ResourceSpecification
 
         with get_client(sync_client=True) as client:
             failing_other = client.create_flow_run_from_deployment(other_id, parameters={"paths": [str(tmp_path / "no.json")]})
@@ -135,7 +138,7 @@ def test_a_failed_nightly_run_alerts_through_the_automation_and_another_deployme
         body = wait_for(lambda: next((b for b in receiver.bodies if failing.name in b.get("text", "")), None),
                         timeout_s=120, what="the alert of the failed nightly run")
         assert "Failed" in body["text"] and "keep_snapshots must be >= 1" in body["text"]
-        assert f"/runs/flow-run/{failing.id}" in body["text"]
+        assert real_server.removesuffix("/api") + f"/runs/flow-run/{failing.id}" in body["text"]  # the server's UI
         time.sleep(5)  # the other deployment's failure had as long to alert as the nightly's
         assert [b for b in receiver.bodies if failing_other.name in b.get("text", "")] == []
         assert len([b for b in receiver.bodies if failing.name in b.get("text", "")]) == 1
@@ -160,7 +163,8 @@ def test_a_long_build_keeps_its_progress_artifact_current(
             return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tmem-build-progress"])))
 
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(build, store)
+        # The build runs in a thread: it gets this context, so it reports to the real server too.
+        running = pool.submit(contextvars.copy_context().run, build, store)
         while not running.done():
             seen += [(float(a.data), str(a.description)) for a in progress()]
             time.sleep(0.1)
@@ -173,3 +177,24 @@ def test_a_long_build_keeps_its_progress_artifact_current(
     values = sorted({v for v, _ in seen})
     assert [v for v in values if 0 < v < 100], f"no intermediate progress seen: {values}"
     assert {d for _, d in seen} >= {"tmem build all: 1 of 3 conversations done", "tmem build all: 2 of 3 conversations done"}
+
+
+def test_the_alert_body_names_the_run_when_the_server_does_not_know_its_ui_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rendered as the server renders it (its template filters): never a bare "None" for the link."""
+    import uuid
+
+    from prefect.server.events.jinja_filters import all_filters
+    from prefect.server.schemas.core import FlowRun
+    from prefect.server.utilities.user_templates import register_user_template_filters, render_user_template_sync
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    from deployments.alerts import BODY
+
+    register_user_template_filters(all_filters)
+    run = FlowRun(id=uuid.uuid4(), flow_id=uuid.uuid4(), name="nightly-rebuild/nightly")
+    with temporary_settings(restore_defaults={PREFECT_UI_URL, PREFECT_API_URL}):
+        bare = render_user_template_sync(BODY, {"flow_run": run})
+    with temporary_settings(updates={PREFECT_UI_URL: "http://prefect.internal:4200"}):
+        linked = render_user_template_sync(BODY, {"flow_run": run})
+    assert bare.splitlines()[-1] == f"flow run id {run.id}"
+    assert linked.splitlines()[-1] == f"http://prefect.internal:4200/runs/flow-run/{run.id}"
