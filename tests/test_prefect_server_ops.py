@@ -94,6 +94,13 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 time.sleep(0.5)
         with temporary_settings(updates={PREFECT_API_URL: api}):
             yield api
+            # flush what this module's runs queued for this server while it still answers: a worker left
+            # holding events or logs for a stopped server makes the session's last drain wait forever
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
+
+            APILogWorker.drain_all(timeout=60, at_exit=False)
+            EventsWorker.drain_all(timeout=60, at_exit=False)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -176,7 +183,11 @@ def test_a_long_build_keeps_its_progress_artifact_current(
     assert str(final.flow_run_id) == summary["run_id"]
     values = sorted({v for v, _ in seen})
     assert [v for v in values if 0 < v < 100], f"no intermediate progress seen: {values}"
-    assert {d for _, d in seen} >= {"tmem build all: 1 of 3 conversations done", "tmem build all: 2 of 3 conversations done"}
+    # polled every 0.1 s, a state may pass unseen when two conversations finish together: every state seen
+    # is one of the build's, in order, and the artifact moved at least once before the end
+    valid = [f"tmem build all: {n} of 3 conversations done" for n in range(4)]
+    order = [valid.index(d) for _, d in seen]  # ValueError on a description the build never writes
+    assert order == sorted(order) and any(0 < n < 3 for n in order), seen
 
 
 def test_the_alert_body_names_the_run_when_the_server_does_not_know_its_ui_address(monkeypatch: pytest.MonkeyPatch) -> None:
