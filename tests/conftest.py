@@ -87,3 +87,25 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
         with prefect_test_harness(server_startup_timeout=90):
             yield
+            drain_or_drop_prefect_workers()
+
+
+def drain_or_drop_prefect_workers(timeout_s: float = 120.0) -> None:
+    """Drain Prefect's log and event workers within ``timeout_s``; a worker still holding work for a server
+    that is gone (one a test started and stopped) is dropped and named on stderr, so the harness's own
+    unbounded drain at exit cannot wait forever."""
+    import sys
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    stuck = 0
+    for worker in (APILogWorker, EventsWorker):
+        result = worker.drain_all(timeout=timeout_s, at_exit=False)
+        if isinstance(result, tuple):
+            stuck += len(result[1])
+    if stuck:
+        print(f"prefect_harness: {stuck} Prefect worker(s) still busy after {timeout_s:.0f} s; dropped", file=sys.stderr)
+        for worker in (APILogWorker, EventsWorker):
+            with worker._instance_lock:
+                worker._instances.clear()
