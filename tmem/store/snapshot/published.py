@@ -172,6 +172,18 @@ def _previous_with_images(store: Path) -> Path | None:
     return info.path if info is not None and info.image_format == IMAGE_FORMAT else None
 
 
+def snapshot_tables(con: duckdb.DuckDBPyConnection, catalog: str) -> dict[str, bool]:
+    """table -> whether it has a conversation_id column, for the base tables of the snapshot
+    attached to ``con`` as ``catalog``."""
+    rows = con.execute(
+        "SELECT t.table_name, bool_or(c.column_name = 'conversation_id') FROM duckdb_tables() t "
+        "JOIN duckdb_columns() c USING (database_name, schema_name, table_name) "
+        "WHERE t.database_name = ? AND t.schema_name = 'main' GROUP BY 1 ORDER BY 1",
+        [catalog],
+    ).fetchall()
+    return {str(name): bool(scoped) for name, scoped in rows}
+
+
 def _remove_leftovers(root: Path) -> list[str]:
     """Delete temporary snapshot directories (``.<id>.tmp``) of publishes that never finished."""
     removed: list[str] = []
