@@ -8,7 +8,7 @@ Layout under the store directory::
                                   index of the derived per-conversation images, and the build
                                   records (build_runs, quarantine) as they stood at the publish
     snapshots/<id>/conversation_images.bin  those images, each with its pinned vector rows
-                                  (conversation_image.py, image_vectors.py)
+                                  (image.py, image_vectors.py)
     snapshots/<id>/manifest.json  id, time, pinned Lance table versions, conversations
     CURRENT                     the id of the snapshot readers use (replaced atomically)
 
