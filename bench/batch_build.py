@@ -41,7 +41,7 @@ def one_conversation(locomo: Path, out: Path, cid: str) -> Path:
 
 
 def build(store: Path, archive: Path, label: str, env: dict[str, str]) -> tuple[dict[str, Any], float]:
-    from flows.build_memory import build_memory
+    from tmem.flows.build_memory import build_memory
     from tmem.ingest import ingest_archives
     from tmem.settings import environ_overlay
 

@@ -76,7 +76,7 @@ def by_operation(summary: dict[str, Any]) -> dict[str, dict[str, int]]:
 
 
 def run_conversation(locomo: Path, root: Path, cid: str, base: int) -> dict[str, Any]:
-    from flows.build_memory import build_memory
+    from tmem.flows.build_memory import build_memory
     from tmem.ingest import ingest_archives
     from tmem.store.memory_image import diff_images, memory_image
     from tmem.store.snapshot.published import current_snapshot

@@ -57,7 +57,7 @@ NIGHTLY = (
     "import json, sys\n"
     "from tmem.settings import apply_process_defaults\n"
     "apply_process_defaults()\n"
-    "from flows.nightly_rebuild import nightly_rebuild\n"
+    "from tmem.flows.nightly_rebuild import nightly_rebuild\n"
     "result = nightly_rebuild(store=sys.argv[1], label='bench')\n"
     "print(json.dumps(result, default=str))\n"
 )

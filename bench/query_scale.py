@@ -111,11 +111,9 @@ def profile_cold_read(mem: Memory, cids: list[str], facts: dict[str, Any]) -> di
     }
 
 
-def image_parts(reader: SnapshotReader, cids: list[str]) -> dict[str, Any] | None:
-    """On a snapshot whose images carry sections: the vector rows from the image vs from Lance,
-    and the index build with the BM25 stored at publish vs built at load (alternating order)."""
-    if not reader.info.image_format or reader.info.image_format < 2:
-        return None
+def image_parts(reader: SnapshotReader, cids: list[str]) -> dict[str, Any]:
+    """The vector rows from the image vs from Lance, and the index build with the BM25 stored at
+    publish vs built at load (alternating order)."""
     times: dict[str, list[float]] = {k: [] for k in ("vectors_image", "vectors_lance", "index_prebuilt_bm25",
                                                      "index_built_bm25")}
     for n, cid in enumerate(cids):
@@ -146,8 +144,8 @@ def compare_layouts(store: Path, other_id: str, current_id: str, cids: list[str]
             times[sid].append(time.perf_counter() - t0)
     for reader in readers.values():
         reader.retire()
-    return {sid: {"stored_in_conversation_order": sid == current_id, "uses_images": readers[sid].uses_images,
-                  "read_conversation_ms": summary_ms(v)} for sid, v in times.items()}
+    return {sid: {"stored_in_conversation_order": sid == current_id, "read_conversation_ms": summary_ms(v)}
+            for sid, v in times.items()}
 
 
 def compare_cold_loads(store: Path, other_id: str, current_id: str, cids: list[str], texts: Texts,
@@ -175,8 +173,8 @@ def compare_cold_loads(store: Path, other_id: str, current_id: str, cids: list[s
         parts[sid]["build_index"].append(timing.build_index_s)
     for reader in readers.values():
         reader.retire()
-    return {sid: {"image_format": readers[sid].info.image_format, "uses_images": readers[sid].uses_images}
-            | {k: summary_ms(v) for k, v in parts[sid].items()} for sid in readers}
+    return {sid: {"image_format": readers[sid].info.image_format} | {k: summary_ms(v) for k, v in parts[sid].items()}
+            for sid in readers}
 
 
 def run_scale(args: argparse.Namespace) -> dict[str, Any]:
@@ -328,13 +326,13 @@ def print_scale(result: dict[str, Any]) -> None:
           f"(stored in conversation order: {prof['stored_in_conversation_order']})")
     print(table(rows, ["read", "table rows", "p50 ms", "p95 ms"]))
     if result.get("snapshot_layout_ab"):
-        rows = [[sid, "yes" if ab.get("uses_images") else "no", ab["read_conversation_ms"]["n"],
+        rows = [[sid, ab["read_conversation_ms"]["n"],
                  ab["read_conversation_ms"]["p50"], ab["read_conversation_ms"]["p95"], ab["read_conversation_ms"]["mean"]]
                 for sid, ab in result["snapshot_layout_ab"].items()]
         print("\nDuckDB cold read (read_conversation), same conversations, alternating snapshots")
-        print(table(rows, ["snapshot", "images", "n", "p50 ms", "p95 ms", "mean ms"]))
+        print(table(rows, ["snapshot", "n", "p50 ms", "p95 ms", "mean ms"]))
     if result.get("cold_path_ab"):
-        rows = [[sid, ab["image_format"] if ab["uses_images"] else "none", ab["cold_total"]["n"]]
+        rows = [[sid, ab["image_format"], ab["cold_total"]["n"]]
                 + [f"{ab[k]['p50']} / {ab[k]['p95']}" for k in ("cold_total", "read_memory", "read_vectors", "build_index")]
                 for sid, ab in result["cold_path_ab"].items()]
         print("\ncold path A/B (load + one hybrid search; snapshots take turns on fresh conversations), p50 / p95 ms")

@@ -14,10 +14,10 @@ from typing import Any
 from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
 
-from flows.backfill import backfill
-from flows.build_memory import build_memory
-from flows.evaluate import evaluate
-from flows.nightly_rebuild import nightly_rebuild
+from tmem.flows.backfill import backfill
+from tmem.flows.build_memory import build_memory
+from tmem.flows.evaluate import evaluate
+from tmem.flows.nightly_rebuild import nightly_rebuild
 
 
 def _built(deployment: Any) -> RunnerDeployment:

@@ -22,10 +22,10 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.build_memory import build_memory
-from tasks.maintenance import find_changed_conversations, ingest_files
 from tmem.build.spec import BuildSpec
 from tmem.errors import IngestError, TmemError
+from tmem.flows.build_memory import build_memory
+from tmem.tasks.maintenance import find_changed_conversations, ingest_files
 
 
 class BackfillFailed(TmemError):

@@ -26,15 +26,15 @@ from prefect.futures import as_completed
 from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
-from tasks.build import build_conversation_task, conversation_result
-from tasks.maintenance import drain_posted_turns
-from tasks.publish import publish
-from tasks.runtime import BuildProgress
-from tasks.scaleout import ConfiguredTaskRunner, open_exchange_for_workers, remove_exchange, store_worker_journals
 from tmem.build.bookkeeping import BuildRun
 from tmem.build.conversation import ConversationBuild
 from tmem.build.runtime import release, runtime_for
 from tmem.build.spec import BuildSpec
+from tmem.tasks.build import build_conversation_task, conversation_result
+from tmem.tasks.maintenance import drain_posted_turns
+from tmem.tasks.publish import publish
+from tmem.tasks.runtime import BuildProgress
+from tmem.tasks.scaleout import ConfiguredTaskRunner, open_exchange_for_workers, remove_exchange, store_worker_journals
 
 
 @flow(name="build-memory", flow_run_name="build-memory/{label}", task_runner=ConfiguredTaskRunner())

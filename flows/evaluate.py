@@ -24,12 +24,12 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.build_memory import build_memory
 from tmem.eval.ablations import eval_configs
 from tmem.eval.judge import JudgeSetup
 from tmem.eval.prompt_files import load_prompt_file
 from tmem.eval.runner import AnswerSetup, RunOptions
 from tmem.eval.session import BuildFailedError, EvalPlan, load_examples, run_plan
+from tmem.flows.build_memory import build_memory
 from tmem.settings import load_settings
 
 ARTIFACT_KEY = "tmem-eval-report"

@@ -17,16 +17,16 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.build_memory import build_memory
-from tasks.maintenance import (
+from tmem.build.spec import BuildSpec
+from tmem.errors import TmemError
+from tmem.flows.build_memory import build_memory
+from tmem.pricing import format_usd
+from tmem.tasks.maintenance import (
     drain_posted_turns,
     find_changed_conversations,
     optimize_vector_tables,
     prune_old_snapshots,
 )
-from tmem.build.spec import BuildSpec
-from tmem.errors import TmemError
-from tmem.pricing import format_usd
 
 
 class NightlyBuildFailed(TmemError):

@@ -78,7 +78,7 @@ def set_llm_env(mp: pytest.MonkeyPatch, server: ScriptedLLM, **extra: str) -> No
 
 def build(store: Path, conversation_ids: list[str] | None = None) -> dict[str, Any]:
     """Run the ``build-memory`` flow in this process (tasks in threads) and return its summary."""
-    from flows.build_memory import build_memory  # after the harness fixture configured Prefect
+    from tmem.flows.build_memory import build_memory  # after the harness fixture configured Prefect
 
     label = ",".join(conversation_ids) if conversation_ids else "all"
     result: dict[str, Any] = build_memory(store=str(store), conversation_ids=conversation_ids, label=label)

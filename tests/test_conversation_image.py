@@ -1,9 +1,8 @@
 """Per-conversation images in published snapshots (tmem/store/snapshot/image.py).
 
 The image is derived from the snapshot's tables at publish time; these tests prove that reading it
-gives exactly what the table reads give, that an image never holds another conversation's rows
-(crafted ids), and that snapshots without images (older format) or with an unknown format are
-still read, from the tables.
+gives exactly what the table reads give and that an image never holds another conversation's rows
+(crafted ids). Snapshots of older formats are refused or upgraded: tests/test_snapshot_upgrade.py.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from tmem.errors import StoreError
 from tmem.query.loader import load_index
 from tmem.query.memory import Memory
 from tmem.retrieval.lexical import BM25Section
-from tmem.store.snapshot.formats import IMAGE_FORMAT, MANIFEST_KEY
+from tmem.store.snapshot.formats import IMAGE_FORMAT
 from tmem.store.snapshot.image import (
     IMAGE_FILE,
     IMAGE_TABLE,
@@ -33,7 +32,7 @@ from tmem.store.snapshot.image import (
     write_conversation_images,
 )
 from tmem.store.snapshot.image_vectors import lance_source
-from tmem.store.snapshot.published import MANIFEST, SnapshotInfo, current_snapshot
+from tmem.store.snapshot.published import SnapshotInfo, current_snapshot
 from tmem.store.snapshot.reader import SnapshotReader
 
 MARKS = {cid: f"mark{chr(65 + n)}q" for n, cid in enumerate(CRAFTED_IDS)}  # no mark contains another
@@ -54,16 +53,6 @@ def _copy_store(src: Path, dst: Path) -> SnapshotInfo:
     return info
 
 
-def _rewrite_manifest(info: SnapshotInfo, fmt: int | None) -> None:
-    path = info.path / MANIFEST
-    manifest = json.loads(path.read_text())
-    if fmt is None:
-        manifest.pop(MANIFEST_KEY, None)
-    else:
-        manifest[MANIFEST_KEY] = fmt
-    path.write_text(json.dumps(manifest))
-
-
 def test_publish_writes_one_image_per_conversation(published: tuple[Path, SnapshotInfo]) -> None:
     _, info = published
     assert info.image_format == IMAGE_FORMAT
@@ -79,7 +68,6 @@ def test_publish_writes_one_image_per_conversation(published: tuple[Path, Snapsh
 def test_image_read_equals_the_table_read(published: tuple[Path, SnapshotInfo], cid: str) -> None:
     store, info = published
     reader = SnapshotReader(info, store)
-    assert reader.uses_images
     memory, turns = reader.read_conversation(cid)
     table_memory, table_turns = reader.read_conversation(cid, from_tables=True)
     assert memory == table_memory
@@ -120,31 +108,6 @@ def test_an_index_loaded_from_the_image_answers_like_one_from_the_tables(publish
     mem = Memory.open(store, settings_for(store))
     hit = mem.search(f"{MARKS[cid]} pottery", conversation_id=cid, embed=False)
     assert hit.items and {index.items.contents[index.item_pos[i.item_id]] for i in hit.items} <= set(index.items.contents)
-
-
-@pytest.mark.parametrize("fmt", [None, IMAGE_FORMAT + 98])
-def test_snapshots_without_known_images_are_read_from_the_tables(
-    published: tuple[Path, SnapshotInfo], tmp_path: Path, fmt: int | None
-) -> None:
-    store, _ = published
-    info = _copy_store(store, tmp_path / "store")
-    _rewrite_manifest(info, fmt)
-    if fmt is None:  # published before images existed: no manifest key, no table, no file
-        con = duckdb.connect(str(info.memory_db))
-        con.execute(f"DROP TABLE {IMAGE_TABLE}")
-        con.close()
-        (info.path / IMAGE_FILE).unlink()
-    old = current_snapshot(tmp_path / "store")
-    assert old is not None and old.image_format == fmt
-    reader = SnapshotReader(old, tmp_path / "store")
-    assert not reader.uses_images
-    cid = CRAFTED_IDS[2]
-    memory, turns = reader.read_conversation(cid)
-    assert memory.items and memory.items[0].content.endswith(f"{MARKS[cid]} 0-0.") and turns
-    result = Memory.open(tmp_path / "store", settings_for(tmp_path / "store")).search(
-        "pottery", conversation_id=cid, embed=False
-    )
-    assert result.items
 
 
 def test_a_missing_image_row_is_a_store_error(published: tuple[Path, SnapshotInfo], tmp_path: Path) -> None:

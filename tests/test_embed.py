@@ -17,6 +17,7 @@ import pytest
 from tmem.bundle import embedder_from_settings
 from tmem.errors import EmbeddingError
 from tmem.llm.cached_embedder import CachedEmbedder, InMemoryEmbeddingCache, embedding_key
+from tmem.llm.embedder_wrapper import EmbedderWrapper
 from tmem.ports import Embedder
 from tmem.providers.sentence_transformer import (
     DEFAULT_EMBEDDING_MODEL,
@@ -37,26 +38,18 @@ TEXTS = [
 ]
 
 
-class CountingEmbedder:
-    """A typed double of :class:`Embedder`: delegates and records every batch it is asked for."""
+class CountingEmbedder(EmbedderWrapper):
+    """A typed double of :class:`Embedder`: delegates and records every batch of texts it is asked for."""
 
     def __init__(self, inner: Embedder) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls: list[list[str]] = []
-
-    @property
-    def model_name(self) -> str:
-        return self.inner.model_name
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
 
     @property
     def max_input_tokens(self) -> int | None:
         return None  # no input limit: dialogue views stay whole
 
-    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
+    def embed_texts(self, texts: list[str]) -> npt.NDArray[np.float32]:
         self.calls.append(list(texts))
         return self.inner.embed(texts)
 

@@ -405,8 +405,8 @@ def test_end_to_end_eval_resumes_and_rescoring_makes_zero_calls(
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.evaluate import ARTIFACT_KEY, evaluate
     from tests.flow_helpers import cli_json
+    from tmem.flows.evaluate import ARTIFACT_KEY, evaluate
 
     data, store, out = tmp_path / "slice.json", tmp_path / "store", tmp_path / "results"
     n = write_slice_with_qa(data)

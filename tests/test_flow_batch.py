@@ -52,7 +52,7 @@ class Pair:
 
 @pytest.fixture(scope="module")
 def pair(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    from flows.build_memory import build_memory
+    from tmem.flows.build_memory import build_memory
 
     root = tmp_path_factory.mktemp("batch")
     server = ScriptedLLM().start()

@@ -49,8 +49,8 @@ def _store_rows(store: Path, sql: str, params: list[Any] | None = None) -> list[
 def runs(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     from distributed import Client, LocalCluster
 
-    from flows.build_memory import build_memory
     from tests.dask_helpers import RecordDuckDBConnects, recorded_connects
+    from tmem.flows.build_memory import build_memory
 
     root = tmp_path_factory.mktemp("dask")
     server = ScriptedLLM().start()

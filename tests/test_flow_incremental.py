@@ -35,7 +35,7 @@ class Builds:
     requests: dict[str, list[str]]  # build name -> request bodies it sent
 
     def run(self, name: str, store: Path, sessions: dict[str, int], only_changed: bool) -> dict[str, Any]:
-        from flows.build_memory import build_memory
+        from tmem.flows.build_memory import build_memory
 
         ingest_slice(store, self.root / f"{name}.json", sessions)
         before = len(self.server.requests)

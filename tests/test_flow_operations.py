@@ -38,7 +38,7 @@ def _artifact(flow_run_id: UUID, key: str) -> str:
 def test_nightly_rebuild_picks_up_exactly_the_changed_conversations_then_prunes_and_cleans(
     prefect_harness: None, scripted_llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from flows.nightly_rebuild import nightly_rebuild
+    from tmem.flows.nightly_rebuild import nightly_rebuild
 
     store = tmp_path / "store"
     set_llm_env(monkeypatch, scripted_llm)
@@ -104,7 +104,7 @@ def _chunk_runs(parent: UUID) -> dict[str, str]:
 def test_backfill_of_locomo10_in_chunks_resumes_after_a_failed_chunk_without_redoing_finished_ones(
     prefect_harness: None, scripted_llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from flows.backfill import backfill
+    from tmem.flows.backfill import backfill
 
     store, archives = tmp_path / "store", tmp_path / "archives"
     archives.mkdir()

@@ -3,9 +3,9 @@
 A publish copies each conversation's rows of the pinned Lance vector table into its image. These
 tests prove the section equals the Lance read of the same conversation (crafted ids included), that
 searches over an index loaded from the image equal searches over one loaded through Lance, that a
-damaged or misplaced section is a StoreError, that an index table of format 1 (no vector column) is
-still read with vectors from Lance, and that a publish reuses an image only while the
-conversation's Lance rows are unchanged.
+damaged or misplaced section is a StoreError, that images published without a vector section
+(``TMEM_SNAPSHOT_IMAGE_VECTORS=false``) are read with vectors from Lance and search alike, and that
+a publish reuses an image only while the conversation's Lance rows are unchanged.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tmem.retrieval.config import config_from_settings
 from tmem.retrieval.lexical import BM25Section
 from tmem.store.duck import connect
 from tmem.store.lance import VectorStore
-from tmem.store.snapshot.formats import IMAGE_FORMAT, MANIFEST_KEY
+from tmem.store.snapshot.formats import IMAGE_FORMAT
 from tmem.store.snapshot.image import IMAGE_FILE, IMAGE_TABLE, image_locations, write_conversation_images
 from tmem.store.snapshot.image_vectors import VectorSection, decode_section, encode_section, lance_source
 from tmem.store.snapshot.published import MANIFEST, SnapshotInfo, current_snapshot, publish_snapshot
@@ -95,17 +95,18 @@ def test_every_image_has_a_section_of_its_own_conversation(published: tuple[Path
 
 
 def test_searches_over_image_and_lance_loads_are_identical(published: tuple[Path, SnapshotInfo], tmp_path: Path) -> None:
-    """The same snapshot read twice: once with its vector sections, once as a reader of format 1
-    would (index table without the vector column), which takes the vectors from Lance."""
+    """The same snapshot read twice: once with its vector sections, once with images written
+    without them (as ``TMEM_SNAPSHOT_IMAGE_VECTORS=false`` publishes), whose vectors come from Lance."""
     store, _ = published
     info = _copy(store, tmp_path / "store")
     manifest = json.loads((info.path / MANIFEST).read_text())
-    manifest[MANIFEST_KEY] = 1
     old_dir = tmp_path / "store" / "snapshots" / "old"
     shutil.copytree(info.path, old_dir)
     (old_dir / MANIFEST).write_text(json.dumps(manifest | {"snapshot_id": "old"}))
     con = duckdb.connect(str(old_dir / "memory.duckdb"))
-    con.execute(f"ALTER TABLE {IMAGE_TABLE} DROP COLUMN vector_bytes")
+    con.execute(f"DROP TABLE {IMAGE_TABLE}")
+    write_conversation_images(con, "main", old_dir, lexical=BM25Section())
+    assert {r[0] for r in con.execute(f"SELECT vector_bytes FROM {IMAGE_TABLE}").fetchall()} == {0}
     con.close()
     from tmem.store.snapshot.published import read_snapshot
 

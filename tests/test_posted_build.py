@@ -48,7 +48,7 @@ def live_turns(prefix: str, start_s: int, session: str) -> list[dict[str, Any]]:
 def test_turns_posted_during_a_build_are_accepted_at_once_and_built_by_the_next(
     prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flows.build_memory import build_memory
+    from tmem.flows.build_memory import build_memory
 
     store = tmp_path / "store"
     ingest_slice(store, tmp_path / "slice.json", {BUSY: 1, LIVE: 1})
@@ -111,7 +111,7 @@ def test_turns_posted_during_a_build_are_accepted_at_once_and_built_by_the_next(
         assert listing[LIVE]["pending_turns"] == 0
 
         # The nightly flow drains before it looks for changes: a conversation changed only by a post is rebuilt.
-        from flows.nightly_rebuild import nightly_rebuild
+        from tmem.flows.nightly_rebuild import nightly_rebuild
 
         with httpx.Client(base_url=live.url, timeout=10) as client:
             late = client.post(turns_url(LIVE), json={"turns": live_turns("late", 20, "live-2")})

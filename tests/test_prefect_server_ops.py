@@ -115,8 +115,8 @@ def test_a_failed_nightly_run_alerts_through_the_automation_and_another_deployme
     from prefect.flow_engine import run_flow
 
     from deployments.alerts import AUTOMATION, FAILED_EVENTS, create_nightly_alert
-    from flows.backfill import backfill
-    from flows.nightly_rebuild import nightly_rebuild
+    from tmem.flows.backfill import backfill
+    from tmem.flows.nightly_rebuild import nightly_rebuild
 
     nightly = nightly_rebuild.to_deployment(name="nightly-rebuild", parameters={"store": str(tmp_path / "store")})
     other = backfill.to_deployment(name="backfill", parameters={"store": str(tmp_path / "store")})

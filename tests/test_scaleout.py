@@ -151,7 +151,7 @@ def test_task_runner_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -> No
     from prefect.task_runners import ThreadPoolTaskRunner
     from prefect_dask import DaskTaskRunner
 
-    from tasks.scaleout import ConfiguredTaskRunner, task_runner_for
+    from tmem.tasks.scaleout import ConfiguredTaskRunner, task_runner_for
 
     threads = task_runner_for(load_settings())
     assert isinstance(threads, ThreadPoolTaskRunner) and threads._max_workers == 16

@@ -1,13 +1,16 @@
 """The wiring rules of the code base (STYLE.md §1, §3-§5; issue 14), checked from the source itself.
 
-* ``tmem/`` never imports Prefect, ``flows/`` or ``tasks/``; only ``tmem/store/`` imports duckdb or lancedb (type-only
-  imports under ``TYPE_CHECKING`` aside);
+* the library (``tmem/`` but its Prefect wrappers) never imports Prefect, ``tmem.flows`` or ``tmem.tasks``; only
+  ``tmem/store/`` imports duckdb or lancedb (type-only imports under ``TYPE_CHECKING`` aside);
 * only ``tmem/providers/`` imports the model libraries (openai, sentence-transformers, llama.cpp);
 * the core (domain, ports, prompts, construction, retrieval, the evaluation's metrics) imports no
   adapter, store, Prefect wrapper or edge; the call layer ``tmem/llm/`` imports neither adapters
   nor the store; ``tmem/providers/`` holds adapters that import only the ports and their settings;
 * no import loop anywhere (type-only and function-level imports count: a loop is a loop to a reader);
 * no module under ``tasks/`` imports ``flows/``;
+* the Prefect wrappers live in the checkout's ``flows/`` and ``tasks/`` and ship as ``tmem.flows`` and ``tmem.tasks``
+  (``tmem/flows`` and ``tmem/tasks`` link to them): the built wheel holds them there and no top-level package but
+  ``tmem``, and every ``prefect.yaml`` entry point loads from the checkout;
 * the environment is read only by ``tmem/settings.py`` and the process entry points;
 * every Prefect task takes plain values — ids, paths, times, the build spec, the data a build
   produced — never a connection, a client, a runtime or the settings object, and reads no
@@ -39,17 +42,22 @@ MODEL_LIBRARIES = {"openai", "sentence_transformers", "transformers", "torch", "
 CORE = ("tmem/domain.py", "tmem/ids.py", "tmem/errors.py", "tmem/ports.py", "tmem/prompts/", "tmem/construct/",
         "tmem/retrieval/", "tmem/views/catalog.py", "tmem/views/texts.py", "tmem/eval/f1.py", "tmem/eval/nlp.py", "tmem/eval/retrieval_metrics.py", "tmem/eval/judge.py")
 OUTSIDE_THE_CORE = ("tmem.providers", "tmem.store", "tmem.llm", "tmem.bundle", "tmem.build", "tmem.query",
-                    "tmem.cli", "tmem.devtools", "tasks", "flows", "deployments")
+                    "tmem.cli", "tmem.devtools", "tmem.tasks", "tmem.flows", "deployments")
 # What an adapter may import of tmem: the ports, the errors and ids, the prompts it renders, its settings.
 ADAPTER_IMPORTS = ("tmem.ports", "tmem.errors", "tmem.ids", "tmem.prompts", "tmem.settings", "tmem.providers")
 PACKAGES = ("tmem", "flows", "tasks", "deployments")
+# The checkout's folders of Prefect wrappers and the names they ship (and are imported) as.
+WRAPPERS = {"flows": "tmem.flows", "tasks": "tmem.tasks"}
 FLOW_STARTERS = ("tmem/cli/", "tmem/demo.py")
 
 
 def sources(*roots: str) -> Iterator[tuple[str, ast.Module]]:
+    """Every module under the roots, each once: ``tmem/flows`` and ``tmem/tasks`` are links to the
+    checkout's ``flows/`` and ``tasks/``, which are read as themselves (root ``flows``, ``tasks``)."""
     for root in roots:
         for path in sorted((REPO / root).rglob("*.py")):
-            yield str(path.relative_to(REPO)), ast.parse(path.read_text(encoding="utf-8"))
+            if path.resolve().is_relative_to((REPO / root).resolve()):
+                yield str(path.relative_to(REPO)), ast.parse(path.read_text(encoding="utf-8"))
 
 
 def runtime_imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
@@ -67,7 +75,9 @@ def runtime_imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
 
 def module_name(path: str) -> str:
     parts = Path(path).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    top, dot, rest = name.partition(".")
+    return WRAPPERS[top] + dot + rest if top in WRAPPERS else name
 
 
 def every_import(path: str, tree: ast.Module) -> Iterator[tuple[int, str]]:
@@ -177,21 +187,18 @@ def test_no_import_loop_anywhere() -> None:
 
 
 def test_the_library_imports_no_prefect_and_only_its_store_imports_the_databases() -> None:
-    # flows/ and tasks/ wrap the library, so the library never reaches back into them either; only
-    # the process entry points (the CLI, the demo) start a flow.
+    # tmem.flows and tmem.tasks wrap the library, so the library never reaches back into them either;
+    # only the process entry points (the CLI, the demo) start a flow.
     found = [f"{path}:{line} {module}" for path, tree in sources("tmem") for line, module in runtime_imports(tree)
              if module.split(".")[0] in {"prefect", "prefect_dask"}
-             or (module.split(".")[0] in {"flows", "tasks"} and not path.startswith(FLOW_STARTERS))
+             or (within(module, tuple(WRAPPERS.values())) and not path.startswith(FLOW_STARTERS))
              or (module.split(".")[0] in STORE_ONLY and not path.startswith("tmem/store/"))]
     assert found == []
 
 
 def test_no_task_module_imports_a_flow() -> None:
-    found = [f"{path}:{line} {module}" for path, tree in sources("tasks") for line, module in runtime_imports(tree)
-             if module.split(".")[0] == "flows"]
-    found += [f"{path}:{line} {module}" for path, tree in sources("tasks")
-              for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
-              for line, module in [(node.lineno, node.module)] if module.startswith("flows")]
+    found = [f"{path}:{line} {module}" for path, tree in sources("tasks") for line, module in every_import(path, tree)
+             if within(module, ("tmem.flows", "flows"))]
     assert found == []
 
 
@@ -214,10 +221,10 @@ def task_functions() -> Iterator[tuple[str, Any]]:
     from prefect import Task
 
     for path in sorted((REPO / "tasks").glob("*.py")):
-        module = importlib.import_module(f"tasks.{path.stem}")
+        module = importlib.import_module(f"tmem.tasks.{path.stem}")
         for name, value in vars(module).items():
             if isinstance(value, Task) and value.fn.__module__ == module.__name__:
-                yield f"tasks.{path.stem}.{name}", value.fn
+                yield f"tmem.tasks.{path.stem}.{name}", value.fn
 
 
 def plain(annotation: Any) -> bool:
@@ -236,8 +243,8 @@ def plain(annotation: Any) -> bool:
 
 def test_every_task_takes_plain_values_and_opens_its_runtime_from_them() -> None:
     tasks = dict(task_functions())
-    assert {"tasks.build.build_conversation_task", "tasks.publish.publish", "tasks.maintenance.drain_posted_turns",
-            "tasks.maintenance.optimize_vector_tables"} <= set(tasks)
+    assert {"tmem.tasks.build.build_conversation_task", "tmem.tasks.publish.publish",
+            "tmem.tasks.maintenance.drain_posted_turns", "tmem.tasks.maintenance.optimize_vector_tables"} <= set(tasks)
     wrong = [f"{name}({param}: {hint})" for name, fn in tasks.items()
              for param, hint in typing.get_type_hints(fn).items() if param != "return" and not plain(hint)]
     assert wrong == []
@@ -274,10 +281,13 @@ def test_the_wheel_ships_what_the_cli_imports_and_the_deployments_load_from_the_
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     packages = find_packages(str(REPO), include=config["tool"]["setuptools"]["packages"]["find"]["include"])
-    # the console script `tmem build` imports flows/, and a console script has no checkout on its path
-    assert {p.split(".")[0] for p in packages} == {"tmem", "flows", "tasks"}
-    cli_flows = {m for path, tree in sources("tmem") for _, m in runtime_imports(tree) if m.split(".")[0] == "flows"}
-    assert cli_flows and all(m.split(".")[0] in {p.split(".")[0] for p in packages} for m in cli_flows)
+    # the console script `tmem build` imports tmem.flows, and a console script has no checkout on its path;
+    # site-packages gets no top-level package but tmem
+    assert {p.split(".")[0] for p in packages} == {"tmem"}
+    for folder, name in WRAPPERS.items():
+        assert (REPO / name.replace(".", "/")).resolve() == REPO / folder and name in packages
+    cli_flows = {m for path, tree in sources("tmem") for _, m in runtime_imports(tree) if within(m, ("tmem.flows",))}
+    assert cli_flows and all(m.rpartition(".")[0] in packages for m in cli_flows)
     assert {"tmem.llm", "tmem.providers", "tmem.query", "tmem.store", "tmem.build"} <= set(packages)
 
     entrypoints = [d["entrypoint"] for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]]
@@ -293,3 +303,31 @@ def test_the_wheel_ships_what_the_cli_imports_and_the_deployments_load_from_the_
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(loaded) == len(entrypoints)
     assert all(Path(file).resolve().is_relative_to(REPO) for _, file in loaded), loaded
+
+
+def test_the_built_wheel_holds_the_wrappers_under_tmem_and_no_other_top_level_package(tmp_path: Path) -> None:
+    """A real wheel, built from a copy of the checkout's sources (links kept as links, as git stores them)."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for folder in ("tmem", *WRAPPERS):
+        shutil.copytree(REPO / folder, source / folder, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    assert (source / "tmem" / "flows").is_symlink()
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                           "-w", str(tmp_path / "wheel"), str(source)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [wheel] = (tmp_path / "wheel").glob("tmem-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"tmem"}
+    for folder, name in WRAPPERS.items():
+        shipped = {n.removeprefix(name.replace(".", "/") + "/") for n in names if n.startswith(name.replace(".", "/") + "/")}
+        assert shipped == {p.name for p in (REPO / folder).glob("*.py")}  # every module, as files
+    assert "tmem/explorer/static/index.html" in names

@@ -145,7 +145,7 @@ def _ingest(archive: Path, store: Path) -> list[Conversation]:
 
 def _build(store: Path, conversation_ids: list[str]) -> dict[str, Any] | None:
     print("2. build memory with the Prefect flow (a local temporary Prefect server starts first)")
-    from flows.build_memory import build_memory
+    from tmem.flows.build_memory import build_memory
 
     started = time.perf_counter()
     summary: dict[str, Any] = build_memory(store=str(store), conversation_ids=conversation_ids, label="demo")

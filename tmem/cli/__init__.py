@@ -27,6 +27,7 @@ from tmem.cli import (
     query_cmd,
     runs_cmd,
     serve_cmd,
+    snapshot_cmd,
     stats_cmd,
 )
 from tmem.cli.base import CliContext, Command
@@ -34,7 +35,7 @@ from tmem.errors import DatasetError, ForgetError, IngestError, ScopeError, Stor
 
 COMMANDS: tuple[Command, ...] = (
     ingest_cmd.COMMAND, build_cmd.COMMAND, stats_cmd.COMMAND, query_cmd.COMMAND, answer_cmd.COMMAND, serve_cmd.COMMAND,
-    runs_cmd.COMMAND, quarantine_cmd.COMMAND, eval_cmd.COMMAND, mcp_cmd.COMMAND, forget_cmd.COMMAND,
+    runs_cmd.COMMAND, quarantine_cmd.COMMAND, eval_cmd.COMMAND, mcp_cmd.COMMAND, forget_cmd.COMMAND, snapshot_cmd.COMMAND,
 )
 
 EXIT_OK = 0

@@ -77,8 +77,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from tmem.settings import apply_process_defaults
 
     apply_process_defaults()
-    from flows.build_memory import build_memory  # Prefect is imported only when a build runs
     from tmem.build.spec import BuildSpec
+    from tmem.flows.build_memory import build_memory  # Prefect is imported only when a build runs
     from tmem.providers.llama_cpp import LocalModelError, provider_endpoint
     from tmem.providers.registry import resolve_provider
 

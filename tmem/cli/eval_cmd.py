@@ -159,7 +159,7 @@ def build_with_flow(store: Path, conversation_ids: list[str]) -> Mapping[str, An
     from tmem.settings import apply_process_defaults
 
     apply_process_defaults()
-    from flows.build_memory import build_memory  # Prefect is imported only when a build runs
+    from tmem.flows.build_memory import build_memory  # Prefect is imported only when a build runs
 
     label = ",".join(conversation_ids)
     summary: dict[str, Any] = build_memory(store=str(store), conversation_ids=conversation_ids, only_changed=True,

@@ -32,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _result_dirs() -> list[Path]:
     """Prefect's local result storage, scanned too (importing Prefect costs ~2 s: only when it exists)."""
-    from tasks.runtime import prefect_local_result_dirs
+    from tmem.tasks.runtime import prefect_local_result_dirs
 
     return [d for d in prefect_local_result_dirs() if d.is_dir()]
 

@@ -30,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
+from tmem.devtools.json_http import JsonHandler, error_payload
 from tmem.errors import TmemError
 from tmem.ids import content_hash
 
@@ -279,43 +280,22 @@ def _response_value(content: str) -> Any:
 
 
 def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-        def _send(self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
-            data = json.dumps(payload).encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/models"):
-                self._send(200, {"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "replay"}]})
+                self.send_json(200, {"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "replay"}]})
             else:
-                self._send(404, {"error": {"message": "not found", "type": "not_found"}})
+                self.send_json(404, error_payload("not found", "not_found"))
 
         def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+            raw = self.read_body()
+            if raw is None:
+                return
             if not self.path.rstrip("/").endswith("/chat/completions"):
-                self._send(404, {"error": {"message": "not found", "type": "not_found"}})
+                self.send_json(404, error_payload("not found", "not_found"))
                 return
-            try:
-                body = json.loads(raw or b"{}")
-            except json.JSONDecodeError:
-                self._send(400, {"error": {"message": "request body is not JSON", "type": "invalid_request_error"}})
-                return
-            if not isinstance(body, dict):
-                self._send(400, {"error": {"message": "request body is not a JSON object", "type": "invalid_request_error"}})
-                return
-            self._send(*server.handle(body, raw, dict(self.headers.items())))
+            body = self.json_object(raw)
+            if body is not None:
+                self.send_json(*server.handle(body, raw, dict(self.headers.items())))
 
     return Handler

@@ -6,11 +6,11 @@ and batches by its :class:`~tmem.devtools.scripted_batch.ScriptedBatches`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
+from tmem.devtools.json_http import JsonHandler
 from tmem.devtools.scripted_batch import ScriptedBatches
 
 OPERATION_HEADER = "X-Tmem-Operation"
@@ -29,32 +29,12 @@ class ChatServer(Protocol):
 
 
 def make_handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as the openai client pools connections
-        disable_nagle_algorithm = True  # else headers and body wait on delayed ACKs (~40 ms a call)
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: requests are recorded
-            return
-
+    class Handler(JsonHandler):
         def _send(self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
-            data = json.dumps(payload).encode("utf-8")
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True  # the client gave up (e.g. a timeout fault)
+            self.send_json(status, payload, headers)
 
         def _send_raw(self, status: int, data: bytes) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.send_bytes(status, data, "application/octet-stream")
 
         def do_GET(self) -> None:
             path = self.path.rstrip("/")
@@ -76,10 +56,8 @@ def make_handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
 
         def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            if len(raw) < length:  # the client died mid-request (a killed build): nothing to answer or record
-                self.close_connection = True
+            raw = self.read_body()
+            if raw is None:  # the client died mid-request (a killed build): nothing to answer or record
                 return
             if self.path.rstrip("/") == "/v1/files":
                 self._send(*server.batches.upload(self.headers.get("Content-Type") or "", raw))
@@ -87,10 +65,8 @@ def make_handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
             if self.path.rstrip("/") not in ("/v1/chat/completions", "/v1/batches"):
                 self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return
-            try:
-                body = json.loads(raw or b"{}")
-            except json.JSONDecodeError as exc:
-                self._send(400, {"error": {"message": f"request body is not JSON: {exc}", "type": "invalid_request_error"}})
+            body = self.json_object(raw)
+            if body is None:
                 return
             if self.path.rstrip("/") == "/v1/batches":
                 self._send(*server.batches.create(body))

@@ -3,7 +3,7 @@ configuration into its own folder under a results root, and write the report.
 
 Used by ``tmem eval`` and ``flows/evaluate.py``. Building needs Prefect, which the library never
 imports: the caller passes a ``builder(store, conversation_ids)`` (the CLI and the flow wrap
-``flows.build_memory.build_memory``). Without ``--build`` the store must already hold a published
+``tmem.flows.build_memory.build_memory``). Without ``--build`` the store must already hold a published
 snapshot with every conversation the questions name.
 
 Results root layout::

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from tmem.errors import EmbeddingError
 from tmem.ids import content_hash
+from tmem.llm.embedder_wrapper import EmbedderWrapper
 from tmem.ports import Embedder, EmbeddingCache
 
 
@@ -42,7 +43,7 @@ class InMemoryEmbeddingCache:
                 self._entries.setdefault((model, text_hash), np.array(vector, dtype=np.float32))
 
 
-class CachedEmbedder:
+class CachedEmbedder(EmbedderWrapper):
     """An :class:`Embedder` that embeds each distinct text of a model at most once per cache.
 
     Hits come from ``cache``; the distinct misses go to ``inner`` in batches of ``batch_size``
@@ -52,25 +53,11 @@ class CachedEmbedder:
     def __init__(self, inner: Embedder, cache: EmbeddingCache, *, batch_size: int = 256) -> None:
         if batch_size < 1:
             raise EmbeddingError(inner.model_name, f"batch_size must be positive, got {batch_size}")
-        self.inner = inner
+        super().__init__(inner)
         self.cache = cache
         self.batch_size = batch_size
 
-    @property
-    def model_name(self) -> str:
-        return self.inner.model_name
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    @property
-    def max_input_tokens(self) -> int | None:
-        return self.inner.max_input_tokens
-
-    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
+    def embed_texts(self, texts: list[str]) -> npt.NDArray[np.float32]:
         model, dim = self.model_name, self.dim
         keys = [embedding_key(model, t) for t in texts]
         text_by_key = dict(zip(keys, texts, strict=True))  # first-occurrence order, duplicates merged

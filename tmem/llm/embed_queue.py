@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from tmem.llm.embedder_wrapper import EmbedderWrapper
 from tmem.ports import Embedder
 
 
@@ -32,11 +33,11 @@ class EmbeddingUsage:
     seconds: float = 0.0  # spent inside them
 
 
-class CoalescingEmbedder:
+class CoalescingEmbedder(EmbedderWrapper):
     """An :class:`Embedder` funnelling every caller's texts through one worker thread (see the module)."""
 
     def __init__(self, inner: Embedder, *, max_texts: int = 512, linger_s: float = 0.02) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.max_texts = max_texts
         self.linger_s = linger_s
         self.usage = EmbeddingUsage()
@@ -45,21 +46,7 @@ class CoalescingEmbedder:
         self._worker: threading.Thread | None = None
         self._closed = False
 
-    @property
-    def model_name(self) -> str:
-        return self.inner.model_name
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    @property
-    def max_input_tokens(self) -> int | None:
-        return self.inner.max_input_tokens
-
-    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
+    def embed_texts(self, texts: list[str]) -> npt.NDArray[np.float32]:
         done: Future[npt.NDArray[np.float32]] = Future()
         with self._ready:
             if self._closed:

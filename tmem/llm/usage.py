@@ -9,34 +9,48 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import fields
+from typing import Any
 
 from tmem.ports import OperationUsage, UsageRecord
+
+
+def usage_of(record: UsageRecord) -> OperationUsage:
+    """One ledger row as the totals of its operation (one call)."""
+    return OperationUsage(
+        record.operation,
+        calls=1,
+        cache_hits=int(record.cache_hit),
+        requests=record.attempts,
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        latency_ms=record.latency_ms,
+        batch_calls=int(record.batch),
+        batch_prompt_tokens=record.batch_prompt_tokens,
+        batch_completion_tokens=record.batch_completion_tokens,
+        repairs=record.repairs,
+        checked_reasks=int(record.checked_reask),
+        truncations=int(record.truncated),
+        output_errors=int(record.output_error),
+    )
+
+
+_TOTALS = tuple(f.name for f in fields(OperationUsage) if f.name != "operation")
+
+
+def add_usage(a: OperationUsage, b: OperationUsage, operation: str) -> OperationUsage:
+    """The totals of ``a`` and ``b`` added up, under ``operation``."""
+    sums: dict[str, Any] = {name: getattr(a, name) + getattr(b, name) for name in _TOTALS}
+    return OperationUsage(operation, **sums)
 
 
 def summarize_usage(records: Iterable[UsageRecord], run_id: str) -> dict[str, OperationUsage]:
     """Totals per operation over the records of ``run_id``, keys sorted by operation."""
     totals: dict[str, OperationUsage] = {}
     for rec in records:
-        if rec.run_id != run_id:
-            continue
-        cur = totals.get(rec.operation, OperationUsage(rec.operation))
-        totals[rec.operation] = replace(
-            cur,
-            calls=cur.calls + 1,
-            cache_hits=cur.cache_hits + int(rec.cache_hit),
-            requests=cur.requests + rec.attempts,
-            prompt_tokens=cur.prompt_tokens + rec.prompt_tokens,
-            completion_tokens=cur.completion_tokens + rec.completion_tokens,
-            latency_ms=cur.latency_ms + rec.latency_ms,
-            batch_calls=cur.batch_calls + int(rec.batch),
-            batch_prompt_tokens=cur.batch_prompt_tokens + rec.batch_prompt_tokens,
-            batch_completion_tokens=cur.batch_completion_tokens + rec.batch_completion_tokens,
-            repairs=cur.repairs + rec.repairs,
-            checked_reasks=cur.checked_reasks + int(rec.checked_reask),
-            truncations=cur.truncations + int(rec.truncated),
-            output_errors=cur.output_errors + int(rec.output_error),
-        )
+        if rec.run_id == run_id:
+            op = rec.operation
+            totals[op] = add_usage(totals.get(op, OperationUsage(op)), usage_of(rec), op)
     return dict(sorted(totals.items()))
 
 
@@ -44,24 +58,8 @@ def total_usage(summary: dict[str, OperationUsage]) -> OperationUsage:
     """All operations of a summary added up (operation ``"*"``)."""
     out = OperationUsage("*")
     for op in summary.values():
-        out = OperationUsage(
-            "*",
-            out.calls + op.calls,
-            out.cache_hits + op.cache_hits,
-            out.requests + op.requests,
-            out.prompt_tokens + op.prompt_tokens,
-            out.completion_tokens + op.completion_tokens,
-            out.latency_ms + op.latency_ms,
-            out.batch_calls + op.batch_calls,
-            out.batch_prompt_tokens + op.batch_prompt_tokens,
-            out.batch_completion_tokens + op.batch_completion_tokens,
-            out.repairs + op.repairs,
-            out.checked_reasks + op.checked_reasks,
-            out.truncations + op.truncations,
-            out.output_errors + op.output_errors,
-        )
+        out = add_usage(out, op, "*")
     return out
-
 
 
 class InMemoryUsageLedger:

@@ -39,8 +39,9 @@ from tmem.store.forget_files import forget_files
 from tmem.store.forget_work import Unowned, delete_from_work, holds_conversation, plan_work, rewrite_work_db
 from tmem.store.lance_forget import drop_old_versions, forget_vectors, latest_versions, vector_rows
 from tmem.store.snapshot.forget import remove_other_snapshots, republish_without, snapshots_holding
+from tmem.store.snapshot.formats import require_current
 from tmem.store.snapshot.image_vectors import lance_source
-from tmem.store.snapshot.published import current_snapshot, list_snapshots
+from tmem.store.snapshot.published import MANIFEST, current_snapshot, list_snapshots
 from tmem.store.tombstones import id_digest
 
 STEPS = ("work", "files", "vectors", "snapshot", "prune", "vector-versions", "rewrite")
@@ -175,6 +176,7 @@ def forget_conversation(
                 "pass --unowned delete (remove them all; other conversations re-ask them when rebuilt) or --unowned "
                 "keep (leave them); a full `tmem build` first records the owners of every row still in use; "
                 "nothing was removed")
+        _require_current_snapshot(store, cid)
         options = {"unowned": unowned, "vectors": bool(held["vector_rows"] or held["snapshots_holding"]),
                    "result_dirs": [str(p) for p in result_dirs]}
         job = _begin(con, cid, options, now)
@@ -183,6 +185,18 @@ def forget_conversation(
     finally:
         if not closed:
             con.close()
+
+
+def _require_current_snapshot(store: Path, conversation_id: str) -> None:
+    """A forget republishes the current snapshot, which must be of the current format: refused
+    before anything is removed otherwise."""
+    current = current_snapshot(store)
+    if current is None:
+        return
+    try:
+        require_current(current.path / MANIFEST, current.image_format, store=store)
+    except StoreError as exc:
+        raise ForgetError(f"conversation {conversation_id!r}: {exc}; nothing was removed") from exc
 
 
 def resume_forgets(store: Path, *, now: datetime, lance_uri: str, result_dirs: Sequence[Path] = (),

@@ -18,21 +18,8 @@ import duckdb
 
 from tmem.ports import CacheEntry, OperationUsage, UsageRecord
 
-_INSERT_USAGE = (
-    "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
-    " attempts, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_INSERT_USAGE_ESTIMATED = (
-    "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
-    " attempts, recorded_at, usage_estimated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_INSERT_USAGE_BATCH = (
-    "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
-    " attempts, recorded_at, usage_estimated, batch, batch_prompt_tokens, batch_completion_tokens)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-# Every column (m008_construction_health, m010_forget); also what the publisher writes for a Dask
-# worker's rows.
+# Every column of the table as the migrations leave it (up to m008_construction_health and m010_forget);
+# also what the publisher writes for a Dask worker's rows.
 INSERT_USAGE_FULL = (
     "INSERT INTO llm_usage (run_id, operation, model, prompt_tokens, completion_tokens, latency_ms, cache_hit,"
     " attempts, recorded_at, usage_estimated, batch, batch_prompt_tokens, batch_completion_tokens, repairs,"
@@ -52,17 +39,6 @@ def usage_values(record: UsageRecord) -> list[object]:
 
 
 _SUMMARY = """
-    SELECT operation, count(*), count(*) FILTER (WHERE cache_hit), sum(attempts),
-           sum(prompt_tokens), sum(completion_tokens), sum(latency_ms), 0, 0, 0, 0, 0, 0, 0
-    FROM llm_usage WHERE run_id = ? GROUP BY operation ORDER BY operation
-"""
-_SUMMARY_BATCH = """
-    SELECT operation, count(*), count(*) FILTER (WHERE cache_hit), sum(attempts),
-           sum(prompt_tokens), sum(completion_tokens), sum(latency_ms),
-           count(*) FILTER (WHERE batch), sum(batch_prompt_tokens), sum(batch_completion_tokens), 0, 0, 0, 0
-    FROM llm_usage WHERE run_id = ? GROUP BY operation ORDER BY operation
-"""
-_SUMMARY_FULL = """
     SELECT operation, count(*), count(*) FILTER (WHERE cache_hit), sum(attempts),
            sum(prompt_tokens), sum(completion_tokens), sum(latency_ms),
            count(*) FILTER (WHERE batch), sum(batch_prompt_tokens), sum(batch_completion_tokens),
@@ -120,52 +96,15 @@ class DuckResponseCache(_Serialised):
 
 
 class DuckUsageLedger(_Serialised):
-    """:class:`~tmem.ports.UsageLedger` on table ``llm_usage``.
-
-    ``llm_usage`` has no column for "tokens estimated" (a server without ``usage``); when a
-    later migration adds ``usage_estimated BOOLEAN`` it is written, until then it is dropped.
-    """
-
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        super().__init__(con)
-        with self._cursor() as cur:
-            columns = {
-                row[0]
-                for row in cur.execute(
-                    "SELECT column_name FROM information_schema.columns WHERE table_name = 'llm_usage'"
-                ).fetchall()
-            }
-        self._has_estimated = "usage_estimated" in columns
-        self._has_batch = "batch" in columns  # m005_llm_batches
-        self._has_health = "truncated" in columns and "cache_key" in columns  # m008 and m010
+    """:class:`~tmem.ports.UsageLedger` on table ``llm_usage`` (of a migrated working database)."""
 
     def record(self, record: UsageRecord) -> None:
-        values: list[object] = [
-            record.run_id,
-            record.operation,
-            record.model,
-            record.prompt_tokens,
-            record.completion_tokens,
-            record.latency_ms,
-            record.cache_hit,
-            record.attempts,
-            record.recorded_at,
-        ]
-        statement = _INSERT_USAGE
-        if self._has_health:
-            statement, values = INSERT_USAGE_FULL, usage_values(record)
-        elif self._has_batch:
-            statement = _INSERT_USAGE_BATCH
-            values += [record.usage_estimated, record.batch, record.batch_prompt_tokens, record.batch_completion_tokens]
-        elif self._has_estimated:
-            statement, values = _INSERT_USAGE_ESTIMATED, [*values, record.usage_estimated]
         with self._cursor() as cur:
-            cur.execute(statement, values)
+            cur.execute(INSERT_USAGE_FULL, usage_values(record))
 
     def summary(self, run_id: str) -> dict[str, OperationUsage]:
         with self._cursor() as cur:
-            query = _SUMMARY_FULL if self._has_health else (_SUMMARY_BATCH if self._has_batch else _SUMMARY)
-            rows = cur.execute(query, [run_id]).fetchall()
+            rows = cur.execute(_SUMMARY, [run_id]).fetchall()
         out: dict[str, OperationUsage] = {}
         for op, calls, hits, reqs, pt, ct, lat, bc, bpt, bct, rep, reask, trunc, err in rows:
             n = [int(v or 0) for v in (calls, hits, reqs, pt, ct, bc, bpt, bct, rep, reask, trunc, err)]

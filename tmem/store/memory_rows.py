@@ -215,9 +215,8 @@ def read_memory(con: duckdb.DuckDBPyConnection, conversation_id: str) -> Convers
 
 
 def _item_time(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
-    """The time fields of an item row (columns 6-9; absent or NULL in rows written before m007)."""
-    extra = list(row[6:10]) + [None] * (10 - max(len(row), 6))
-    end, granularity, phrase, source = extra[:4]
+    """The time fields of an item row (columns 6-9; NULL in rows written before m007)."""
+    end, granularity, phrase, source = row[6:10]
     return {"event_end": end, "time_granularity": granularity or "day", "time_phrase": phrase or "",
             "time_source": source or "stated"}
 

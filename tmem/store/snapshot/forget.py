@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from tmem.errors import StoreError
 from tmem.store.forget_work import scrubbed_run
+from tmem.store.snapshot.formats import require_current
 from tmem.store.snapshot.image import IMAGE_FILE, IMAGE_TABLE, open_image_file, write_image_index
 from tmem.store.snapshot.published import (
     MANIFEST,
@@ -41,6 +42,7 @@ from tmem.store.snapshot.published import (
     prune_snapshots,
     read_snapshot,
     snapshot_id_for,
+    snapshot_tables,
     start_snapshot_dir,
 )
 
@@ -50,17 +52,6 @@ _VECTORS_KEY, _LEXICAL_KEY = "|vectors:", "|lexical:"
 def snapshots_holding(store: Path, conversation_id: str) -> list[str]:
     """Ids of the snapshots on disk whose manifest lists the conversation (exact match)."""
     return [s for s in list_snapshots(store) if conversation_id in read_snapshot(store, s).conversations]
-
-
-def _tables(con: duckdb.DuckDBPyConnection, catalog: str) -> dict[str, bool]:
-    """table -> whether it has a conversation_id column, for the base tables of ``catalog``."""
-    rows = con.execute(
-        "SELECT t.table_name, bool_or(c.column_name = 'conversation_id') FROM duckdb_tables() t "
-        "JOIN duckdb_columns() c USING (database_name, schema_name, table_name) "
-        "WHERE t.database_name = ? AND t.schema_name = 'main' GROUP BY 1 ORDER BY 1",
-        [catalog],
-    ).fetchall()
-    return {str(name): bool(scoped) for name, scoped in rows}
 
 
 def _new_source_key(old: str, conversation_id: str, vector_keys: Mapping[str, str] | None, absent: str) -> str:
@@ -130,7 +121,8 @@ def republish_without(
     """Publish ``info`` without the conversation as a new current snapshot pinning ``lance_versions``
     of the tables at ``lance_uri`` (the ones the forget rewrote; see the module doc); ``vector_keys``
     are the images' vector source keys at those versions. Returns (the new snapshot, images copied,
-    image bytes copied)."""
+    image bytes copied). A snapshot of an older format is refused (:class:`StoreError`: upgrade it first)."""
+    require_current(info.path / MANIFEST, info.image_format, store=Path(store))
     builds = {c: b for c, b in info.conversations.items() if c != conversation_id}
     snapshot_id = snapshot_id_for(now, builds, lance_versions)
     tmp = start_snapshot_dir(store, snapshot_id)
@@ -138,7 +130,7 @@ def republish_without(
     copied = (0, 0)
     try:
         con.execute("ATTACH ? AS old (READ_ONLY)", [str(info.memory_db)])
-        for name, scoped in _tables(con, "old").items():
+        for name, scoped in snapshot_tables(con, "old").items():
             if name == IMAGE_TABLE:
                 continue
             where = " WHERE conversation_id <> ? ORDER BY conversation_id" if scoped else ""
@@ -148,8 +140,7 @@ def republish_without(
                         [conversation_id] if scoped else [])
             if name == "build_runs":  # the records copied at publish name it in their inputs: written scrubbed
                 _copy_scrubbed_runs(con, conversation_id)
-        if IMAGE_TABLE in _tables(con, "old") and (info.path / IMAGE_FILE).is_file():
-            copied = _copy_images(con, info.path, tmp, conversation_id, vector_keys, vector_key_absent)
+        copied = _copy_images(con, info.path, tmp, conversation_id, vector_keys, vector_key_absent)
         con.execute("DETACH old")
         con.execute("CHECKPOINT")
     except duckdb.Error as exc:

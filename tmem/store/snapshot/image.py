@@ -16,15 +16,16 @@ snapshot instead, one ~120 KB document per row, a point read cost 0.6-1.9 s at 1
 conversations: DuckDB decompressed whole column segments.) A reader loads that table once into a
 dict (:func:`image_locations`), so a cold load makes no DuckDB query at all.
 
-Format 2 appends two derived sections to each document: the conversation's vector rows of the
-pinned Lance table (``vector_bytes``, :mod:`tmem.store.snapshot.image_vectors`) and its BM25 index built at
-publish (``lexical_bytes``, :mod:`tmem.retrieval.lexical`); either may be absent (0 bytes), and the
-reader then goes to Lance or builds BM25 itself. Each section names its conversation and is checked.
+Each document is followed by two derived sections: the conversation's vector rows of the pinned
+Lance table (``vector_bytes``, :mod:`tmem.store.snapshot.image_vectors`) and its BM25 index built at
+publish (``lexical_bytes``, :mod:`tmem.retrieval.lexical`); either may be absent (0 bytes: published
+with ``TMEM_SNAPSHOT_IMAGE_VECTORS=false``, or by a caller without a lexical section), and the reader
+then goes to Lance or builds BM25 itself. Each section names its conversation and is checked.
 
 Rows are grouped by ``conversation_id`` in SQL, so a document holds only its conversation's rows
 whatever characters the id contains; the reader also checks the id stored inside the document.
-``format`` versions the image: what a reader does with each format is
-:mod:`tmem.store.snapshot.formats`'s to say (one path per format).
+``format`` versions the image: this module writes and decodes :data:`~tmem.store.snapshot.formats.IMAGE_FORMAT`
+only (older snapshots are refused, or rewritten by :mod:`tmem.store.snapshot.upgrade`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from tmem.domain import ConversationMemory, Turn
 from tmem.errors import StoreError
 from tmem.store.conversations import turns_from_rows
 from tmem.store.memory_rows import Rows, memory_from_rows
-from tmem.store.snapshot.formats import IMAGE_FORMAT, READABLE_FORMATS
+from tmem.store.snapshot.formats import IMAGE_FORMAT
 from tmem.store.snapshot.image_vectors import VectorSource, encode_section
 
 log = logging.getLogger(__name__)
@@ -143,14 +144,11 @@ def _source_keys(con: duckdb.DuckDBPyConnection, schema: str) -> dict[str, str]:
 
 def _previous_images(previous: Path | None) -> dict[str, tuple[str, int, int, int, int]]:
     """``conversation_id -> (source_key, offset, length, vector bytes, lexical bytes)`` of a published snapshot's
-    images of the current format; empty when there is none or it predates source keys."""
+    images (the caller passes a snapshot of the current format only); empty when there is none."""
     if previous is None or not (previous / IMAGE_FILE).is_file():
         return {}
     prev = duckdb.connect(str(previous / "memory.duckdb"), read_only=True)
     try:
-        columns = {r[0] for r in prev.execute(f"DESCRIBE {IMAGE_TABLE}").fetchall()}
-        if not {"source_key", "vector_bytes", "lexical_bytes"} <= columns:
-            return {}
         rows = prev.execute(
             f"SELECT conversation_id, source_key, byte_offset, byte_length, vector_bytes, lexical_bytes FROM {IMAGE_TABLE} "  # noqa: S608
             f"WHERE format = {IMAGE_FORMAT}"
@@ -266,49 +264,32 @@ def write_image_index(con: duckdb.DuckDBPyConnection, schema: str, index: pa.Tab
 
 
 class ImageLocation(NamedTuple):
-    """Where one conversation's image lies in the image file; its vector section (format 2, when
-    the publish wrote one) follows the document directly."""
+    """Where one conversation's image lies in the image file; its vector section (when the publish
+    wrote one) follows the document directly, its prebuilt BM25 the vector section."""
 
     format: int
     byte_offset: int
     byte_length: int
     vector_bytes: int
-    lexical_bytes: int = 0  # the prebuilt BM25 after the vector section (format 2)
+    lexical_bytes: int
 
 
-def image_location(
-    con: duckdb.DuckDBPyConnection, conversation_id: str, *, vector_column: bool | None = None
-) -> ImageLocation | None:
-    """Where one conversation's image is, or ``None`` if it has none. Tables of format 1 have no
-    vector column (``vector_column``: whether this one has; looked up when ``None``)."""
-    columns = _location_columns(con, vector_column)
+_LOCATION_COLUMNS = "format, byte_offset, byte_length, vector_bytes, lexical_bytes"
+
+
+def image_location(con: duckdb.DuckDBPyConnection, conversation_id: str) -> ImageLocation | None:
+    """Where one conversation's image is, or ``None`` if it has none."""
     row = con.execute(
-        f"SELECT {columns} FROM {IMAGE_TABLE} WHERE conversation_id = ?",  # noqa: S608
+        f"SELECT {_LOCATION_COLUMNS} FROM {IMAGE_TABLE} WHERE conversation_id = ?",  # noqa: S608
         [conversation_id],
     ).fetchone()
     return None if row is None else ImageLocation(*(int(v) for v in row))
 
 
-def image_locations(con: duckdb.DuckDBPyConnection, *, vector_column: bool | None = None) -> dict[str, ImageLocation]:
+def image_locations(con: duckdb.DuckDBPyConnection) -> dict[str, ImageLocation]:
     """Every conversation's image location, by conversation id (the reader keeps this in memory)."""
-    columns = _location_columns(con, vector_column)
-    rows = con.execute(f"SELECT conversation_id, {columns} FROM {IMAGE_TABLE}").fetchall()  # noqa: S608
+    rows = con.execute(f"SELECT conversation_id, {_LOCATION_COLUMNS} FROM {IMAGE_TABLE}").fetchall()  # noqa: S608
     return {str(r[0]): ImageLocation(*(int(v) for v in r[1:])) for r in rows}
-
-
-def _location_columns(con: duckdb.DuckDBPyConnection, vector_column: bool | None) -> str:
-    """The SELECT list of an :class:`ImageLocation` (format-1 tables have no section columns: 0, 0)."""
-    if vector_column is None:
-        vector_column = _has_vector_column(con)
-    return "format, byte_offset, byte_length, " + ("vector_bytes, lexical_bytes" if vector_column else "0, 0")
-
-
-def _has_vector_column(con: duckdb.DuckDBPyConnection) -> bool:
-    row = con.execute(
-        "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
-        "AND table_name = ? AND column_name = 'vector_bytes'", [IMAGE_TABLE],
-    ).fetchone()
-    return bool(row and row[0])
 
 
 def read_image_at(fd: int, source: str, conversation_id: str, offset: int, length: int) -> str:
@@ -356,20 +337,19 @@ def _ts(us: int | None) -> datetime | None:
 
 
 def _with_times(rows: list[list[Any]], *columns: int) -> list[list[Any]]:
-    """Epoch-microsecond columns as datetimes (a column past a row's end, as in older formats, is skipped)."""
+    """Epoch-microsecond columns as datetimes."""
     for r in rows:
         for c in columns:
-            if c < len(r):
-                r[c] = _ts(r[c])
+            r[c] = _ts(r[c])
     return rows
 
 
 def decode_image(conversation_id: str, fmt: int, image: str, *, source: str = "image") -> tuple[ConversationMemory, tuple[Turn, ...]]:
     """The memory and turns an image's document holds. :class:`StoreError` (naming ``source``) for an
-    image of an unknown format or another conversation, or a document that is not an image."""
-    if fmt not in READABLE_FORMATS:
-        raise StoreError(f"{source}: image of {conversation_id!r} has format {fmt}, this reader knows "
-                         f"{sorted(READABLE_FORMATS)}")
+    image of another format or conversation, or a document that is not an image."""
+    if fmt != IMAGE_FORMAT:
+        raise StoreError(f"{source}: image of {conversation_id!r} has format {fmt}, this reader reads "
+                         f"format {IMAGE_FORMAT} only")
     try:
         doc = json.loads(image)
     except ValueError as exc:

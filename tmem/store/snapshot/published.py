@@ -8,7 +8,7 @@ Layout under the store directory::
                                   index of the derived per-conversation images, and the build
                                   records (build_runs, quarantine) as they stood at the publish
     snapshots/<id>/conversation_images.bin  those images, each with its pinned vector rows
-                                  (conversation_image.py, image_vectors.py)
+                                  (image.py, image_vectors.py)
     snapshots/<id>/manifest.json  id, time, pinned Lance table versions, conversations
     CURRENT                     the id of the snapshot readers use (replaced atomically)
 
@@ -170,6 +170,18 @@ def _previous_with_images(store: Path) -> Path | None:
     except StoreError:
         return None
     return info.path if info is not None and info.image_format == IMAGE_FORMAT else None
+
+
+def snapshot_tables(con: duckdb.DuckDBPyConnection, catalog: str) -> dict[str, bool]:
+    """table -> whether it has a conversation_id column, for the base tables of the snapshot
+    attached to ``con`` as ``catalog``."""
+    rows = con.execute(
+        "SELECT t.table_name, bool_or(c.column_name = 'conversation_id') FROM duckdb_tables() t "
+        "JOIN duckdb_columns() c USING (database_name, schema_name, table_name) "
+        "WHERE t.database_name = ? AND t.schema_name = 'main' GROUP BY 1 ORDER BY 1",
+        [catalog],
+    ).fetchall()
+    return {str(name): bool(scoped) for name, scoped in rows}
 
 
 def _remove_leftovers(root: Path) -> list[str]:

@@ -7,9 +7,11 @@ conversation with ``?`` parameters; vector rows come from LanceDB at the version
 pins, through the typed scope filter of :class:`~tmem.store.lance.VectorStore`. The vector
 width is read from the Lance table's schema, so the store describes itself.
 
-Snapshots published with vector sections in their images serve a cold load's vectors from the
-image (:meth:`SnapshotReader.read_vector_rows`); LanceDB stays the system of record and the source
-for snapshots without them. Which format is read how: :mod:`tmem.store.snapshot.formats`.
+A reader reads snapshots of the current format only (:mod:`tmem.store.snapshot.formats`; an older
+one is refused when the reader is made, with the command that upgrades it). A cold load reads the
+conversation's image: memory and turns, its vector section (:meth:`SnapshotReader.read_vector_rows`)
+and its prebuilt BM25. LanceDB stays the system of record, and the source of the vectors of an image
+published without a vector section (``TMEM_SNAPSHOT_IMAGE_VECTORS=false``).
 
 Opening the DuckDB file costs ~15-25 ms and LanceDB ~1.5 s to import, so both happen on first
 use only; a lexical-only reader never imports LanceDB.
@@ -35,7 +37,7 @@ from tmem.retrieval.lexical import PrebuiltBM25, decode_bm25
 from tmem.store.conversations import load_turns
 from tmem.store.ingest_writer import StoredState, read_stored_state
 from tmem.store.memory_rows import read_memory
-from tmem.store.snapshot.formats import has_sections, reads_images
+from tmem.store.snapshot.formats import require_current
 from tmem.store.snapshot.image import (
     IMAGE_FILE,
     ImageLocation,
@@ -46,7 +48,7 @@ from tmem.store.snapshot.image import (
     read_image_at,
 )
 from tmem.store.snapshot.image_vectors import QUERY_VECTOR_TABLE, VectorSection, decode_section
-from tmem.store.snapshot.published import SnapshotInfo
+from tmem.store.snapshot.published import MANIFEST, SnapshotInfo
 
 if TYPE_CHECKING:
     from tmem.store.lance import ConversationVectors, VectorStore
@@ -88,10 +90,12 @@ def resolve_lance_uri(info: SnapshotInfo, store: Path) -> str:
 
 
 class SnapshotReader:
-    """Read access to one snapshot. Thread-safe; :meth:`retire` it when a newer snapshot is
-    current (its file is closed once idle; a query still pinned to it reopens and finishes)."""
+    """Read access to one snapshot of the current format (:class:`StoreError` for any other, naming
+    what to run). Thread-safe; :meth:`retire` it when a newer snapshot is current (its file is closed
+    once idle; a query still pinned to it reopens and finishes)."""
 
     def __init__(self, info: SnapshotInfo, store: Path, vector_table: str = "vectors") -> None:
+        require_current(info.path / MANIFEST, info.image_format, store=Path(store))
         self.info = info
         self.store = Path(store)
         self.vector_table = vector_table
@@ -112,7 +116,7 @@ class SnapshotReader:
             path = self.info.memory_db
             if not path.is_file():
                 raise StoreError(f"snapshot {self.info.snapshot_id!r}: {path} is missing (pruned while in use?)")
-            image_fd = open_image_file(self.info.path) if self.uses_images else None
+            image_fd = open_image_file(self.info.path)
             try:
                 self._con = duckdb.connect(str(path), read_only=True)
             except duckdb.Error as exc:
@@ -134,7 +138,7 @@ class SnapshotReader:
         """The open image file descriptor, kept open while the block runs (no DuckDB cursor)."""
         with self._lock:
             self._open_locked()
-            assert self._image_fd is not None  # opened with the connection when the snapshot has images
+            assert self._image_fd is not None  # opened with the connection
             fd = self._image_fd
             self._inflight += 1
         try:
@@ -163,25 +167,15 @@ class SnapshotReader:
         with self._cursor() as cursor:
             yield cursor
 
-    @property
-    def uses_images(self) -> bool:
-        """Whether cold reads use the snapshot's per-conversation images (a format this reader
-        knows); otherwise they query the memory tables and turns."""
-        return reads_images(self.info.image_format)
-
-    @property
-    def _vector_column(self) -> bool:
-        return has_sections(self.info.image_format)
-
     def read_conversation(self, conversation_id: str, *, from_tables: bool = False) -> tuple[ConversationMemory, tuple[Turn, ...]]:
         """The memory and turns of one conversation. :class:`ScopeError` when the snapshot holds
         no memory for it (exact match on the id, whatever characters it contains).
 
-        Read from the conversation's image when the snapshot has images (one point read), else, or
-        with ``from_tables``, from the tables; both give equal objects."""
+        Read from the conversation's image (one point read), or with ``from_tables`` from the
+        snapshot's tables (the system of record the images are derived from); both give equal objects."""
         self._check_scope(conversation_id)
-        with self._cursor() as cursor:
-            if from_tables or not self.uses_images:
+        if from_tables:
+            with self._cursor() as cursor:
                 return read_memory(cursor, conversation_id), load_turns(cursor, conversation_id)
         where = self._locate(conversation_id)
         with self._image_file() as fd:
@@ -190,14 +184,9 @@ class SnapshotReader:
 
     def read_cold(self, conversation_id: str, *, vectors: bool = True) -> ColdRead:
         """Everything a cold index load reads: memory, turns, (with ``vectors``) the vector rows and
-        the prebuilt BM25, from one image (format 2) with one lookup; what the image lacks comes
-        from :meth:`read_conversation` and LanceDB (:meth:`read_vector_rows`)."""
+        the prebuilt BM25, from one image with one lookup; vectors the image has no section for come
+        from LanceDB (:meth:`read_vector_rows`)."""
         started = time.perf_counter()
-        if not self._vector_column:  # no image, or one of format 1
-            memory, turns = self.read_conversation(conversation_id)
-            memory_done = time.perf_counter()
-            early = self.read_vector_rows(conversation_id) if vectors else None
-            return ColdRead(memory, turns, early, None, memory_done - started, time.perf_counter() - memory_done)
         self._check_scope(conversation_id)
         where = self._locate(conversation_id)
         source = self._image_source
@@ -238,7 +227,7 @@ class SnapshotReader:
         locations = self._locations
         if locations is None:
             with self._cursor() as cursor:
-                locations = image_locations(cursor, vector_column=self._vector_column)
+                locations = image_locations(cursor)
             self._locations = locations
         where = locations.get(conversation_id)
         if where is None:
@@ -295,7 +284,7 @@ class SnapshotReader:
         snapshot pins no vector table. From the conversation's image when it has a vector section
         (one ``pread``), else, or with ``from_lance``, from LanceDB; both give equal rows."""
         self._check_scope(conversation_id)
-        if not from_lance and self._vector_column and self.vector_table == QUERY_VECTOR_TABLE:
+        if not from_lance and self.vector_table == QUERY_VECTOR_TABLE:
             where = self._locate(conversation_id)
             if where.vector_bytes > 0:
                 with self._image_file() as fd:
