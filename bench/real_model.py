@@ -352,6 +352,24 @@ def _diagnose(store: Path, preset: str, vectors: Any, examples: list[Any], k: in
     return summarise(found).as_dict()
 
 
+def _crowding(store: Path, preset: str, vectors: Any, examples: list[Any], k: int,
+              reindex: Reindexed | None = None) -> dict[str, Any]:
+    """All cues in one memory: how often another stitched cue's scene takes a cue's place in the top k."""
+    from tmem.eval.diagnostics import cue_crowding, evidence_scenes
+    from tmem.query.memory import Memory
+    from tmem.retrieval.cascade import search
+    from tmem.settings import load_settings
+
+    memory = Memory.open(store, load_settings(store=store), embedder=vectors.embedder)
+    snapshot = _snapshot(memory, reindex)
+    config = variant_config(memory, preset).with_(k_scenes=k, k_items=k)
+    index = snapshot.index(examples[0].conversation_id)
+    own = [{index.scenes.ids[i] for i in evidence_scenes(index, e.evidence)} for e in examples]
+    returned = [[s.scene_id for s in search(index, e.question, vectors.vector(e.question), config,
+                                            speaker=e.speaker).scenes] for e in examples]
+    return cue_crowding(own, returned, set().union(*own), index.n_scenes).as_dict()
+
+
 def _memory_shape(store: Path, vectors: Any, conversation_id: str, cue_examples: list[Any],
                   reindex: Reindexed | None = None) -> dict[str, Any]:
     from statistics import median
@@ -419,6 +437,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         systems = _systems(args.store, presets, vectors, known, budget_k=max(KS), reindex=source)
         parts[name] = {"questions": len(examples), "recall": _recall_table(examples, systems),
                        "channels_at_5": {p: _diagnose(args.store, p, vectors, examples, 5, source) for p in presets}}
+        if name == "cue":
+            parts[name]["crowding_at_5"] = {p: _crowding(args.store, p, vectors, examples, 5, reindex) for p in presets}
     shape = _memory_shape(args.store, vectors, conversation_id, sets.get("cue", []), reindex)
     health = json.loads(args.build_json.read_text(encoding="utf-8")) if args.build_json else None
     report = {
@@ -467,6 +487,11 @@ def render(report: dict[str, Any]) -> list[str]:
                          f"({trig['items_recalled_that_are_evidence']} evidence); best cosine median "
                          f"{trig['best_trigger_cosine_median']} range {trig['best_trigger_cosine_range']}")
             lines.append(f"    evidence-scene rank medians: {diag['evidence_scene_rank_median']}")
+        for preset, crowd in data.get("crowding_at_5", {}).items():
+            lines.append(f"  {preset} @5 scenes: cue scene returned for {crowd['returned']}/{crowd['questions']}; "
+                         f"{crowd['misses_crowded']} of {crowd['misses']} misses had another cue's scene in the top 5; "
+                         f"other cues' scenes per question {crowd['other_cue_scenes_per_question']} "
+                         f"(by chance {round(5 * crowd['cue_scene_share'], 2)})")
     if report.get("construction"):
         c = report["construction"]
         lines += ["", f"construction: {c.get('status')} · {c.get('llm_calls')} calls · quarantined {c.get('quarantined')}"]

@@ -170,3 +170,38 @@ def summarise(diagnoses: Sequence[QuestionDiagnosis]) -> DiagnosisSummary:
             for view, rank in ranks.items():
                 out.cue_ranks.setdefault(view, []).append(rank)
     return out
+
+
+@dataclass(frozen=True)
+class CueCrowding:
+    """With several cues stitched into one memory: do the other cues' scenes take a cue's places?"""
+
+    questions: int
+    returned: int  # questions whose own cue scene is among the k returned scenes
+    misses_crowded: int  # misses with at least one other cue's scene among the k returned
+    other_cue_scenes_per_question: float  # mean number of other cues' scenes among the k returned
+    cue_scene_share: float  # cue scenes / all scenes: what the mean would be by chance, × k
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"questions": self.questions, "returned": self.returned, "misses": self.questions - self.returned,
+                "misses_crowded": self.misses_crowded,
+                "other_cue_scenes_per_question": round(self.other_cue_scenes_per_question, 3),
+                "cue_scene_share": round(self.cue_scene_share, 3)}
+
+
+def cue_crowding(own: Sequence[set[str]], returned: Sequence[Sequence[str]], cue_scenes: set[str],
+                 n_scenes: int) -> CueCrowding:
+    """``own[q]``: the scene ids holding question q's cue turns; ``returned[q]``: the scene ids the
+    cascade returned for it; ``cue_scenes``: every stitched cue's scenes; ``n_scenes``: the memory's."""
+    if len(own) != len(returned):
+        raise ValueError(f"{len(own)} questions but {len(returned)} results")
+    hits = crowded = others = 0
+    for mine, got in zip(own, returned, strict=True):
+        foreign = sum(1 for s in got if s in cue_scenes and s not in mine)
+        others += foreign
+        if mine & set(got):
+            hits += 1
+        elif foreign:
+            crowded += 1
+    n = len(own)
+    return CueCrowding(n, hits, crowded, others / n if n else 0.0, len(cue_scenes) / n_scenes if n_scenes else 0.0)
