@@ -10,12 +10,17 @@ round on the same machine, so the shared machine's load drifts over both alike:
   stage comes from the stage cache, so the process only embeds, through the build's queue
   (``tmem/llm/embed_queue.py``) and the real MiniLM. Reported: wall seconds, texts asked for, texts
   the model embedded, seconds inside the model.
+* ``padding`` — no clock: the word pieces the model processes (each batch of ``--batch-size`` padded to
+  its longest text, texts sorted by length inside a call as sentence-transformers does) when each
+  call of the queue carries the texts of 1, 5 (what ``max_texts`` = 512 gathers: ~100 texts a
+  conversation), 20 or all conversations, against the texts' own word pieces. Deterministic: it
+  says how call composition changes the work, free of the machine's load.
 * ``dask`` — two processes (a local Dask cluster's two workers) embedding ``--texts`` of the store's
   texts each at the same moment, torch at its default (as every worker did before) and at the
   worker's share of the cores (``tmem.build.runtime.embedding_threads``).
 
     HF_HUB_OFFLINE=1 python bench/embed_build.py --store STORE --before ../before [--after .]
-        [--conversations 20] [--threads 64] [--rounds 2] [--parts queue,dask]
+        [--conversations 20] [--threads 64] [--rounds 2] [--parts queue,dask,padding]
 
 Writes ``bench/results/embed_build.json`` and prints a table.
 """
@@ -126,6 +131,44 @@ def store_texts(store: Path, n: int) -> list[str]:
     return texts[:n]
 
 
+def padding(store: Path, batch_size: int, seed: int = 14) -> list[dict[str, Any]]:
+    """Padded word pieces per real word piece, by how many conversations' texts one call carries."""
+    import random
+
+    import lancedb
+
+    from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
+    from tmem.store.snapshot.published import current_snapshot
+
+    info = current_snapshot(store)
+    if info is None:
+        raise SystemExit(f"{store}: no published snapshot")
+    table = lancedb.connect(info.lance_uri).open_table("vectors", version=info.lance_versions["vectors"]).to_arrow()
+    by_conversation: dict[str, list[str]] = {}
+    for text, cid in zip(table.column("text").to_pylist(), table.column("conversation_id").to_pylist(), strict=True):
+        by_conversation.setdefault(cid, []).append(text)
+    model = SentenceTransformerEmbedder("all-MiniLM-L6-v2")._load()
+    limit = int(model.max_seq_length)
+    distinct = sorted({t for texts in by_conversation.values() for t in texts})
+    pieces = dict(zip(distinct, (min(limit, len(ids)) for ids in model.tokenizer(distinct)["input_ids"]), strict=True))
+    conversations = [list(dict.fromkeys(texts)) for _, texts in sorted(by_conversation.items())]
+    random.Random(seed).shuffle(conversations)  # the order conversations finish in
+    real = sum(pieces[t] for texts in conversations for t in texts)
+
+    def call_cost(texts: list[str]) -> int:
+        ordered = sorted(texts, key=len, reverse=True)  # sentence-transformers sorts a call by characters
+        return sum(len(b) * max(pieces[t] for t in b) for i in range(0, len(ordered), batch_size)
+                   if (b := ordered[i : i + batch_size]))
+
+    rows = []
+    for per_call in (1, 5, 20, len(conversations)):
+        cost = sum(call_cost([t for texts in conversations[i : i + per_call] for t in texts])
+                   for i in range(0, len(conversations), per_call))
+        rows.append({"conversations_per_call": per_call, "batch_size": batch_size, "padded_pieces": cost,
+                     "real_pieces": real, "ratio": round(cost / real, 3)})
+    return rows
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
         kind, rest = sys.argv[1], sys.argv[2:]
@@ -142,7 +185,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=64, help="conversations built at once")
     parser.add_argument("--texts", type=int, default=300, help="texts per Dask 'worker'")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--parts", default="queue,dask")
+    parser.add_argument("--parts", default="queue,dask,padding")
+    parser.add_argument("--batch-size", type=int, default=64, help="the build's TMEM_EMBEDDING_BATCH_SIZE (padding)")
     parser.add_argument("--out", type=Path, default=RESULTS / "embed_build.json")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
@@ -153,8 +197,13 @@ def main() -> None:
                                     text=True, check=False).stdout.strip() or path.name
                for name, path in versions.items()}
     report: dict[str, Any] = {"machine": machine_info(), "settings": {k: str(v) for k, v in vars(args).items()},
-                              "commits": commits, "queue": [], "dask": []}
+                              "commits": commits, "queue": [], "dask": [], "padding": []}
     parts = args.parts.split(",")
+    if "padding" in parts:
+        report["padding"] = padding(args.store, args.batch_size)
+        for row in report["padding"]:
+            print(f"padding {row['conversations_per_call']:4d} conversations a call: {row['ratio']:.2f} x the real word pieces",
+                  flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="tmem-embed-build-"))
     try:
         for rnd in range(args.rounds):
@@ -230,6 +279,9 @@ def table(report: dict[str, Any]) -> str:
         loads = "-".join(f"{x:.1f}" for x in sorted({r['loadavg'][0] for r in rows}))
         lines.append(f"| 2 workers embedding at once, {rows[0]['texts_each']} texts each | {rows[0]['variant']} | "
                      f"{report['summary'][f'dask_threads_{threads}']['both_s']:.1f} | – | – | – | {len(rows)} | {loads} |")
+    for row in report.get("padding", []):
+        lines.append(f"| word pieces processed ÷ real, batch {row['batch_size']} | {row['conversations_per_call']} conversations "
+                     f"a call | {row['ratio']:.2f} | – | – | – | – | – |")
     return "\n".join(lines)
 
 
