@@ -200,6 +200,9 @@ def main() -> None:
             "prefect_top": dict(Counter({k: v for k, v in api.items() if k not in {"http", "ws_messages"}}).most_common(8)),
             "status": (build or {}).get("status", "no build"), "returncode": out["returncode"], "loadavg": load,
             "failures": len((build or {}).get("failures", [])),
+            # what the build's own embedding queue did (the flow process; a Dask worker's is its own)
+            "build_embedding": (build or {}).get("embedding"),
+            "uptime": subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip(),
         }
         row["bound_s"] = max(row["llm_bound_s"], row["embedding"]["seconds"])
         row["ratio_to_bound"] = round(wall / row["bound_s"], 2) if row["bound_s"] else None
@@ -207,8 +210,10 @@ def main() -> None:
         report["phases"][name] = row
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(report, indent=1))
+        inside = row["build_embedding"] or {}
         print(f"  {name:<9} wall {wall:7.1f} s  calls {calls:6d}  LLM bound {row['llm_bound_s']:6.1f} s  embedding "
-              f"{row['embedding']['seconds']:6.1f} s ({len(new)} texts)  Prefect {row['prefect_http']} http + "
+              f"{row['embedding']['seconds']:6.1f} s ({len(new)} texts; in the build {inside.get('model_s', '-')} s for "
+              f"{inside.get('texts', '-')})  Prefect {row['prefect_http']} http + "
               f"{row['prefect_ws_messages']} ws  {row['wall_per_conversation_s']:.3f} s/conversation  "
               f"[{row['status']}, load {load[0]}]", flush=True)
         return row

@@ -12,7 +12,7 @@ from typing import Any
 
 PHASES = ("first", "warm", "nochange", "nightly")
 HEADER = ("| configuration (N, commit) | phase | wall s | s / conv. | LLM calls | LLM bound s | embedding s (texts) "
-          "| wall ÷ bound | Prefect HTTP + ws | load avg |")
+          "| wall ÷ bound | in-build model s (texts) | Prefect HTTP + ws | load avg |")
 
 
 def rows(report: dict[str, Any]) -> list[str]:
@@ -24,9 +24,11 @@ def rows(report: dict[str, Any]) -> list[str]:
             continue
         emb = row["embedding"]
         ratio = f"{row['ratio_to_bound']:.2f}" if row.get("ratio_to_bound") else "–"
+        inside = row.get("build_embedding") or {}
+        in_build = f"{inside['model_s']:.1f} ({inside['texts']:,})" if inside.get("texts") else "–"
         out.append(f"| {report['label']} ({n}, {report['commit']}) | {phase} | {row['wall_s']:.1f} | "
                    f"{row['wall_per_conversation_s']:.3f} | {row['llm_calls']:,} | {row['llm_bound_s']:.1f} | "
-                   f"{emb['seconds']:.1f} ({emb['texts']:,}) | {ratio} | {row['prefect_http']:,} + "
+                   f"{emb['seconds']:.1f} ({emb['texts']:,}) | {ratio} | {in_build} | {row['prefect_http']:,} + "
                    f"{row['prefect_ws_messages']:,} | {row['loadavg'][0]:.1f} |")
     return out
 
@@ -36,7 +38,7 @@ def main() -> None:
     parser.add_argument("reports", nargs="+", type=Path)
     args = parser.parse_args()
     print(HEADER)
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for path in args.reports:
         for line in rows(json.loads(path.read_text(encoding="utf-8"))):
             print(line)

@@ -124,3 +124,29 @@ def test_a_failing_unit_is_retried_twice_and_then_fails_the_conversation(store: 
         assert failures["left"] == 99 - 3  # three attempts, no more
     finally:
         rt.con.close()
+
+
+def test_a_conversation_grown_by_a_session_embeds_only_its_new_texts(store: Path, tmp_path: Path) -> None:
+    """A nightly rebuilds a grown conversation over all its turns; the embedder is asked only for the
+    texts its previous build did not embed (everything else comes from the embedding cache)."""
+    from tests.test_embed import CountingEmbedder
+    from tmem.llm.cached_embedder import CachedEmbedder
+    from tmem.store.embed_cache import DuckEmbeddingCache
+
+    chat, counting = FakeChatModel(), CountingEmbedder(HashEmbedder())
+    rt = runtime(store, chat)
+    rt = BuildRuntime(spec=rt.spec, settings=rt.settings, run_id=rt.run_id, con=rt.con, chat=chat,
+                      embedder=CachedEmbedder(counting, DuckEmbeddingCache(rt.con)), stages=rt.stages,
+                      fingerprint=rt.fingerprint)
+    try:
+        first = build_conversation(rt, CID)
+        first_texts = {v.text for v in first.vectors}
+        assert counting.texts_embedded == len(first_texts)
+        counting.calls.clear()
+        ingest_slice(store, tmp_path / "grown.json", {CID: 2})
+        grown = build_conversation(rt, CID)
+    finally:
+        rt.con.close()
+    new_texts = {v.text for v in grown.vectors} - first_texts
+    assert len(grown.memory.scenes) > len(first.memory.scenes) and new_texts
+    assert sorted(t for call in counting.calls for t in call) == sorted(new_texts)

@@ -12,6 +12,7 @@ import numpy.typing as npt
 import pytest
 
 from tests.test_embed import CountingEmbedder, HashEmbedder
+from tmem.errors import EmbeddingError
 from tmem.llm.embed_queue import CoalescingEmbedder
 
 
@@ -65,3 +66,45 @@ def test_a_failed_call_fails_its_callers_and_the_queue_goes_on() -> None:
     queue.close()
     with pytest.raises(RuntimeError, match="closed"):
         queue.embed(["late"])
+
+
+def test_a_text_several_conversations_send_at_once_is_embedded_once() -> None:
+    inner = GatedEmbedder()
+    queue = CoalescingEmbedder(inner, max_texts=1000, linger_s=0.01)
+    reference = HashEmbedder()
+    shared = ["the same greeting", "a templated horizon sentence"]
+    asks = [[*shared, f"conversation {n} own text"] for n in range(20)]
+    with ThreadPoolExecutor(20) as pool:
+        futures = [pool.submit(queue.embed, texts) for texts in asks]
+        inner.release.set()
+        results = [f.result(timeout=30) for f in futures]
+    for texts, got in zip(asks, results, strict=True):
+        assert np.array_equal(got, reference.embed(texts))
+    embedded = [t for call in inner.calls for t in call]
+    assert sorted(embedded) == sorted({t for texts in asks for t in texts})  # each distinct text once
+    assert queue.usage.texts == len(embedded) == 22 and queue.usage.requested == 60
+    queue.close()
+
+
+def test_a_recent_text_is_answered_from_memory_and_an_old_one_embedded_again() -> None:
+    inner = CountingEmbedder(HashEmbedder())
+    queue = CoalescingEmbedder(inner, linger_s=0.0, memo_texts=3)
+    queue.embed(["a", "b"])
+    assert np.array_equal(queue.embed(["b", "a"]), HashEmbedder().embed(["b", "a"]))
+    assert inner.calls == [["a", "b"]]  # the second ask cost no inner call
+    queue.embed(["c", "d", "e"])  # the memo keeps 3: "a" and "b" fall out
+    queue.embed(["a", "e"])
+    assert inner.calls == [["a", "b"], ["c", "d", "e"], ["a"]]
+    queue.close()
+
+
+class WrongShape(CountingEmbedder):
+    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        return super().embed(texts)[:-1]
+
+
+def test_an_inner_answer_of_the_wrong_shape_fails_its_callers() -> None:
+    queue = CoalescingEmbedder(WrongShape(HashEmbedder()), linger_s=0.0)
+    with pytest.raises(EmbeddingError, match="shape"):
+        queue.embed(["x", "y"])
+    queue.close()

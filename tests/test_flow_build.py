@@ -115,6 +115,10 @@ def test_build_of_one_conversation_produces_every_structure_view_and_matching_co
     # Every LLM call of the run is one request the server answered (no faults were injected).
     assert summary["llm_calls"] == first.requests > 0
     assert all(r.status == 200 for r in first.server.requests)
+    # The build's embedding queue embedded each distinct text once (the summary says what it did).
+    embedding = summary["embedding"]
+    assert embedding["model_calls"] >= 1 and 0 < embedding["texts"] <= embedding["requested"]
+    assert embedding["texts"] == len(set(first.vectors.meta["text"].to_pylist()))
 
     # The published snapshot holds exactly what the build counted.
     assert len(memory.scenes) == summary["scenes"]
@@ -144,6 +148,7 @@ def test_rebuilding_the_same_input_makes_no_llm_call_and_keeps_rows_and_ids(firs
     assert out["status"] == "completed", out["failures"]
     assert len(first.server.requests) == before, "the rebuild sent requests to the LLM server"
     assert out["llm_calls"] == 0
+    assert out["embedding"] == {"texts": 0, "requested": 0, "model_calls": 0, "model_s": 0.0}  # all from the cache
     assert all(hit for _, hit in ledger_rows(first.store, out["run_id"])), "the ledger shows a real call"
     for key in COUNT_KEYS:
         assert key in out, key

@@ -202,3 +202,43 @@ def test_vector_store_on_an_in_memory_lance_uri(tmp_path: Path) -> None:
     loaded = store.load_conversation("vectors", "c1", version=version)
     assert loaded.to_polars()["text"].to_list() == ["hello"]
     assert not (tmp_path / "memory:").exists() and not Path("memory:").exists()  # nothing on disk
+
+
+def test_a_local_dask_worker_embeds_with_its_share_of_the_cores() -> None:
+    from tmem.build.runtime import embedding_threads
+
+    two = load_settings(dask_workers=2)
+    assert embedding_threads(two, worker=True, cores=2) == 1  # not 2 workers x 2 torch threads on 2 cores
+    assert embedding_threads(load_settings(dask_workers=2), worker=True, cores=8) == 4
+    assert embedding_threads(load_settings(dask_workers=4), worker=True, cores=2) == 1
+    assert embedding_threads(two, worker=False, cores=2) == 0  # the publisher alone: torch's default
+    assert embedding_threads(load_settings(dask_workers=2, dask_address="tcp://10.0.0.5:8786"), worker=True, cores=2) == 0
+    assert embedding_threads(load_settings(dask_workers=2, embedding_threads=2), worker=True, cores=2) == 2
+
+
+def test_the_worker_runtime_hands_its_thread_share_to_the_embedder(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.query_store import HashEmbedder
+    from tmem.build.runtime import open_worker_runtime
+    from tmem.build.spec import BuildSpec
+    from tmem.providers import registry
+
+    asked: list[int] = []
+
+    def toy(settings: object, threads: int) -> HashEmbedder:
+        asked.append(threads)
+        return HashEmbedder()
+
+    monkeypatch.setattr(registry, "EMBEDDING_PROVIDERS", dict(registry.EMBEDDING_PROVIDERS))
+    registry.register_embedding_provider("toy-threads", toy)
+    settings = load_settings(store=store, embedding_provider="toy-threads", dask_workers=64, llm_base_url="http://127.0.0.1:9/v1",
+                             llm_api_key="sk-test")
+    con = connect(store)
+    try:
+        info = export_exchange(con, exchange_path(store, "run-threads"), ["conv-30"], settings)
+    finally:
+        con.close()
+    rt = open_worker_runtime(BuildSpec.resolve(store, settings), "run-threads", info.path)
+    try:
+        assert asked == [1]  # 64 workers on this machine's cores: one thread each
+    finally:
+        rt.con.close()

@@ -145,6 +145,11 @@ class Settings(BaseSettings, CascadeBudgets):
     )
     embedding_batch_size: int = Field(64, ge=1)
     embedding_device: str = Field("cpu")
+    embedding_threads: int = Field(
+        0, ge=0,
+        description="Torch threads while a build embeds; 0 = torch's default (all cores), except on a local Dask "
+        "cluster, whose workers share the cores (cores // dask_workers each, bench/embed_build.py).",
+    )
 
     build_concurrency: int = Field(
         16, ge=1, description="Conversations built at once by the thread-pool runner (LLM calls are bounded "

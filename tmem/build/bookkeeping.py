@@ -111,7 +111,16 @@ class BuildRun:
         cost = estimate_cost(model, summary.prompt_tokens, summary.completion_tokens, table, **batch)
         report = render_markdown(summary) + "\n" + cost_markdown(model, summary.prompt_tokens,
                                                                 summary.completion_tokens, table, **batch)
-        return BuildResult(summary.to_json() | {"model": model, "cost_usd": cost}, report, status)
+        return BuildResult(summary.to_json() | {"model": model, "cost_usd": cost, "embedding": self.embedding()}, report,
+                           status)
+
+    def embedding(self) -> dict[str, Any]:
+        """What this process's embedding queue did in the run (a Dask worker's queue is its own)."""
+        queue = self.rt.embed_queue
+        if queue is None:
+            return {}
+        u = queue.usage
+        return {"texts": u.texts, "requested": u.requested, "model_calls": u.calls, "model_s": round(u.seconds, 2)}
 
 
 def missing_units(conversation_id: str, units: Sequence[QuarantinedUnit]) -> list[MissingUnit]:

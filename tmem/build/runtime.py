@@ -19,6 +19,7 @@ Two kinds:
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,7 @@ def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     settings = spec.load_settings()
     con = connect(settings.store)
     chat = chat_model_for(settings, "build", con, run_id)
-    queue = CoalescingEmbedder(_embedder(settings))
+    queue = CoalescingEmbedder(_embedder(settings, embedding_threads(settings, worker=False)))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=chat,
         embedder=CachedEmbedder(queue, DuckEmbeddingCache(con)), stages=StageCache.of_store(settings.store),
@@ -88,8 +89,23 @@ def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     )
 
 
-def _embedder(settings: Settings) -> Embedder:
-    return embedder_factory(settings)(settings, 0)
+def _embedder(settings: Settings, threads: int) -> Embedder:
+    return embedder_factory(settings)(settings, threads)
+
+
+def embedding_threads(settings: Settings, *, worker: bool, cores: int | None = None) -> int:
+    """Torch threads of this process's build embedder (0: torch's default, every core).
+
+    ``TMEM_EMBEDDING_THREADS`` when set. A worker of the local Dask cluster shares the machine with
+    ``dask_workers - 1`` others embedding at the same time: each left at torch's default runs as
+    many threads as there are cores, and on 2 cores two workers x 2 threads took 1.3x as long as
+    two x 1 for the same texts (``bench/embed_build.py``), so it gets its share of the cores. A
+    worker of an external cluster (``dask_address``) cannot know its neighbours: torch's default."""
+    if settings.embedding_threads:
+        return settings.embedding_threads
+    if not worker or settings.dask_address:
+        return 0
+    return max(1, (cores or os.cpu_count() or 1) // settings.dask_workers)
 
 
 def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRuntime:
@@ -113,7 +129,7 @@ def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRu
         ledger=JournalingUsageLedger(journal),
         run_id=run_id,
     )
-    queue = CoalescingEmbedder(_embedder(settings))
+    queue = CoalescingEmbedder(_embedder(settings, embedding_threads(settings, worker=True)))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=BoundedChatModel(cached, settings.llm_concurrency),
         embedder=CachedEmbedder(queue, JournalingEmbeddingCache(DuckEmbeddingCache(con), journal)),
