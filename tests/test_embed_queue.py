@@ -5,6 +5,7 @@ callers, and a closed queue refuses work."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -107,4 +108,23 @@ def test_an_inner_answer_of_the_wrong_shape_fails_its_callers() -> None:
     queue = CoalescingEmbedder(WrongShape(HashEmbedder()), linger_s=0.0)
     with pytest.raises(EmbeddingError, match="shape"):
         queue.embed(["x", "y"])
+    queue.close()
+
+
+def test_conversations_queued_behind_a_call_share_one_large_call() -> None:
+    """Twenty conversations of 100 texts waiting for the model go in one call (sorted by length there:
+    less padding than five calls of four conversations)."""
+    inner = GatedEmbedder()
+    queue = CoalescingEmbedder(inner, linger_s=0.05)
+    first = threading.Thread(target=queue.embed, args=(["the first conversation"],))
+    first.start()
+    time.sleep(0.2)  # the worker is inside its first call, held by the gate
+    asks = [[f"conversation {n} text {k}" for k in range(100)] for n in range(20)]
+    with ThreadPoolExecutor(20) as pool:
+        futures = [pool.submit(queue.embed, texts) for texts in asks]
+        time.sleep(0.5)
+        inner.release.set()
+        [f.result(timeout=30) for f in futures]
+    first.join(10)
+    assert [len(c) for c in inner.calls] == [1, 2000]
     queue.close()

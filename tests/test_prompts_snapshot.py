@@ -12,7 +12,7 @@ import json
 import os
 import pkgutil
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel
@@ -221,3 +221,27 @@ def test_feedback_goes_before_the_input_block_and_changes_the_cache_key() -> Non
     plain = topic_match.build(payload)
     assert "T9" not in plain.messages[-1].content
     assert plain.cache_key("m") != topic_match.build(payload, feedback="other").cache_key("m")
+
+
+class _Counted(BaseModel):
+    """A response model that counts how often pydantic is asked for its schema."""
+
+    answer: str
+    generated: ClassVar[int] = 0
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        cls.generated += 1
+        return super().model_json_schema(*args, **kwargs)
+
+
+def test_a_response_schema_is_generated_once_and_each_caller_gets_its_own_copy() -> None:
+    from tmem.prompts.base import Message
+
+    prompts = [Prompt("toy", "v1", (Message("user", f"question {n}"),), _Counted, f"toy {n}") for n in range(3)]
+    schemas = [p.json_schema() for p in prompts] + [prompts[0].json_schema()]
+    keys = {p.cache_key("m") for p in prompts}
+    assert _Counted.generated == 1 and len(keys) == 3  # one generation for every call and key of the model
+    assert all(s == _Counted.model_json_schema() for s in schemas)
+    schemas[0]["properties"]["answer"]["description"] = "changed by one caller"
+    assert "description" not in prompts[1].json_schema()["properties"]["answer"]
