@@ -35,7 +35,7 @@ from typing import Any
 from tests.paths import REPO
 
 # Process entry points, which may set the environment for the libraries they drive.
-ENVIRONMENT_READERS = {"tmem/settings.py", "tmem/demo.py"}
+ENVIRONMENT_READERS = {"tmem/settings.py"}
 STORE_ONLY = {"duckdb", "lancedb", "lance"}
 MODEL_LIBRARIES = {"openai", "sentence_transformers", "transformers", "torch", "llama_cpp"}
 # The core: what the product is made of, independent of how it is stored, served or scheduled.

@@ -25,7 +25,6 @@ a recording proxy and writes the recording and its manifest (how the shipped one
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections import Counter
@@ -56,8 +55,6 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "examples" / "sample_archive.jsonl"
 COMPILE_SECONDS = Path(sys.prefix) / "llama-compile-seconds"
-# A loaded 2-core machine starts Prefect's temporary server slowly; its default wait is 20 s.
-PREFECT_PATIENCE = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
 EXPLORER_PORT = 8000
 
 
@@ -249,9 +246,7 @@ def _ask(options: DemoOptions, backend: Backend, settings: Settings, chosen: lis
 
 def run(options: DemoOptions, launch_embedded: LaunchEmbedded = default_launcher) -> int:
     started = time.perf_counter()
-    apply_process_defaults()
-    for key, value in PREFECT_PATIENCE.items():
-        os.environ.setdefault(key, value)
+    apply_process_defaults()  # incl. a patient start of Prefect's temporary server (tmem.settings)
     store = options.store
     settings = load_settings(store=store)
     with ExitStack() as stack:
