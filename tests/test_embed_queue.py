@@ -30,17 +30,22 @@ class GatedEmbedder(CountingEmbedder):
         return super().embed(texts)
 
 
-def test_concurrent_callers_get_their_own_rows_from_shared_calls() -> None:
-    inner = GatedEmbedder()
-    queue = CoalescingEmbedder(inner, max_texts=64, linger_s=0.01)
-    reference = HashEmbedder()
-    asks = [[f"conversation {n} text {k}" for k in range(n % 5 + 1)] for n in range(40)]
-    with ThreadPoolExecutor(40) as pool:
+def embed_at_once(queue: CoalescingEmbedder, inner: GatedEmbedder, asks: list[list[str]]) -> None:
+    """Every ask from a thread of its own while the first inner call is held; each gets its own rows."""
+    with ThreadPoolExecutor(len(asks)) as pool:
         futures = [pool.submit(queue.embed, texts) for texts in asks]
         inner.release.set()
         results = [f.result(timeout=30) for f in futures]
+    reference = HashEmbedder()
     for texts, got in zip(asks, results, strict=True):
         assert np.array_equal(got, reference.embed(texts))
+
+
+def test_concurrent_callers_get_their_own_rows_from_shared_calls() -> None:
+    inner = GatedEmbedder()
+    queue = CoalescingEmbedder(inner, max_texts=64, linger_s=0.01)
+    asks = [[f"conversation {n} text {k}" for k in range(n % 5 + 1)] for n in range(40)]
+    embed_at_once(queue, inner, asks)
     assert inner.texts_embedded == sum(len(t) for t in asks) == queue.usage.texts
     assert len(inner.calls) < len(asks) / 4 and all(len(c) <= 64 or len(c) == 5 for c in inner.calls)
     assert queue.usage.calls == len(inner.calls) and queue.usage.seconds > 0
@@ -72,15 +77,9 @@ def test_a_failed_call_fails_its_callers_and_the_queue_goes_on() -> None:
 def test_a_text_several_conversations_send_at_once_is_embedded_once() -> None:
     inner = GatedEmbedder()
     queue = CoalescingEmbedder(inner, max_texts=1000, linger_s=0.01)
-    reference = HashEmbedder()
     shared = ["the same greeting", "a templated horizon sentence"]
     asks = [[*shared, f"conversation {n} own text"] for n in range(20)]
-    with ThreadPoolExecutor(20) as pool:
-        futures = [pool.submit(queue.embed, texts) for texts in asks]
-        inner.release.set()
-        results = [f.result(timeout=30) for f in futures]
-    for texts, got in zip(asks, results, strict=True):
-        assert np.array_equal(got, reference.embed(texts))
+    embed_at_once(queue, inner, asks)
     embedded = [t for call in inner.calls for t in call]
     assert sorted(embedded) == sorted({t for texts in asks for t in texts})  # each distinct text once
     assert queue.usage.texts == len(embedded) == 22 and queue.usage.requested == 60
