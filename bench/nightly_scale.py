@@ -26,6 +26,17 @@ with no LLM call the wall time per conversation.
     HF_HUB_OFFLINE=1 python bench/nightly_scale.py [--conversations 1000] [--sessions 3]
         [--latency-ms 300] [--in-flight 64] [--runner threads|dask] [--workers 2]
         [--database sqlite|postgres] [--repo PATH] [--label NAME] [--out PATH] [--keep]
+        [--save-state DIR] [--from-state DIR]
+
+A first build at 1,000 conversations takes one to two hours here (its embedding alone ~45 min on
+two cores). ``--save-state DIR`` copies the store and Prefect home as the first build left them
+(after the phases before ``nightly``) to DIR; ``--from-state DIR`` starts from such a copy instead
+of ingesting and building (same ``--conversations``, ``--sessions`` and ``--seed``: the grown
+archive is written again from them), so the nightly on another runner costs only its own time:
+
+    python bench/nightly_scale.py --conversations 1000 --database postgres --save-state /data/n1000
+    python bench/nightly_scale.py --conversations 1000 --database postgres --runner dask \
+        --from-state /data/n1000 --phases nightly
 """
 
 from __future__ import annotations
@@ -135,6 +146,21 @@ def embedding_seconds(texts: list[str], sample: int, seed: int) -> dict[str, Any
             "seconds": round(took * len(texts) / len(chosen), 1)}
 
 
+def save_state(target: Path, store: Path, home: Path, facts: dict[str, Any], commit: str,
+               phases: dict[str, Any]) -> None:
+    """The store and Prefect home as the phases so far left them, for ``--from-state`` runs."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    shutil.copytree(store, target / "store", symlinks=True)
+    shutil.copytree(home, target / "prefect-home", symlinks=True)
+    (target / "state.json").write_text(json.dumps(
+        {"archive": facts, "commit": commit, "saved_at": datetime.now(UTC).isoformat(),
+         "phases": {k: {f: v.get(f) for f in ("wall_s", "llm_calls", "status")} for k, v in phases.items()}},
+        indent=1))
+    print(f"  saved the state to {target}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=1000)
@@ -152,6 +178,11 @@ def main() -> None:
     parser.add_argument("--label", default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="leave the temporary directory on disk")
+    parser.add_argument("--save-state", type=Path, default=None,
+                        help="copy the store and Prefect home, as the phases before 'nightly' left them, to this directory")
+    parser.add_argument("--from-state", type=Path, default=None,
+                        help="start from a --save-state copy (same --conversations/--sessions/--seed) instead of "
+                             "ingesting and running 'first'")
     args = parser.parse_args()
     args.repo = args.repo.resolve()
     label = args.label or f"{args.runner}-{args.database}-{args.conversations}"
@@ -162,14 +193,25 @@ def main() -> None:
     report: dict[str, Any] = {
         "label": label, "repo": str(args.repo), "commit": commit, "started_at": datetime.now(UTC).isoformat(),
         "machine": machine_info(), "loadavg_start": loadavg(),
-        "settings": {k: v for k, v in vars(args).items() if k not in {"out", "repo"}}, "phases": {},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in {"out", "repo"}},
+        "phases": {},
     }
     tmp = Path(tempfile.mkdtemp(prefix="tmem-nightly-scale-"))
     tmp.chmod(0o755)  # the postgres user runs its cluster under it
     store, home = tmp / "store", tmp / "prefect-home"
-    home.mkdir()
     archive, grown, facts = write_archives(tmp, args.conversations, args.sessions, args.seed)
     report["archive"] = facts
+    if args.from_state is not None:
+        saved = json.loads((args.from_state / "state.json").read_text())
+        if saved["archive"] != facts:
+            raise SystemExit(f"{args.from_state}: saved for archive {saved['archive']}, not {facts}")
+        if "first" in phases:
+            raise SystemExit("--from-state: the first build is in the saved state; leave 'first' out of --phases")
+        shutil.copytree(args.from_state / "store", store, symlinks=True)
+        shutil.copytree(args.from_state / "prefect-home", home, symlinks=True)
+        report["from_state"] = {"dir": str(args.from_state), "saved": saved}
+    else:
+        home.mkdir()
     print(f"{label}: {facts['conversations']} conversations, {facts['turns']} turns (+{facts['turns_grown'] - facts['turns']} "
           f"in the grown archive); code {args.repo} @ {commit}", flush=True)
     postgres = Postgres(tmp / "postgres") if args.database == "postgres" else None
@@ -220,9 +262,10 @@ def main() -> None:
 
     try:
         tmem = [python, "-m", "tmem"]
-        _, seconds = run([*tmem, "ingest", str(archive), "--store", str(store), "--json"], env, tmp / "ingest.log",
-                         args.repo, args.timeout_s)
-        report["ingest_s"] = round(seconds, 1)
+        if args.from_state is None:
+            _, seconds = run([*tmem, "ingest", str(archive), "--store", str(store), "--json"], env,
+                             tmp / "ingest.log", args.repo, args.timeout_s)
+            report["ingest_s"] = round(seconds, 1)
         n = args.conversations
         if "first" in phases:
             phase("first", [*tmem, "build", "--store", str(store), "--json"], n)
@@ -230,6 +273,8 @@ def main() -> None:
             phase("warm", [*tmem, "build", "--store", str(store), "--json"], n)
         if "nochange" in phases:
             phase("nochange", [python, "-c", NIGHTLY, str(store)], n)
+        if args.save_state is not None:
+            save_state(args.save_state, store, home, facts, commit, report["phases"])
         if "nightly" in phases:
             run([*tmem, "ingest", str(grown), "--store", str(store), "--json"], env, tmp / "ingest-grown.log",
                 args.repo, args.timeout_s)
