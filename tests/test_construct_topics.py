@@ -172,3 +172,72 @@ def test_proposal_from_the_match_call_is_cleaned() -> None:
     pool = admit_topics("conv-t", [new], chat, existing=existing)
     assert chat.count("topic_create") == 0
     assert pool.topics[-1].keywords[0] == "spaced out"
+
+
+# --------------------------------------------------------------------------- shortlist (settings.topic_shortlist)
+
+THREADS = ["pottery glaze kiln bowl", "marathon training race pace", "puppy shelter leash vet", "violin lesson bow",
+           "kitchen renovation tiles", "garden tomato compost", "chess club tournament", "bakery sourdough starter",
+           "camping tent lake", "guitar band gig", "tax return accountant", "wedding venue dress", "car repair brakes",
+           "novel draft publisher", "yoga studio mat"]
+
+
+def threads() -> tuple[Topic, ...]:
+    return tuple(topic(n, f"Thread {n}: {words.split()[0]}", (f"scn_{n}",), tuple(words.split()) + tuple(KEYWORDS))
+                 for n, words in enumerate(THREADS))
+
+
+def test_shortlist_is_one_call_listing_the_most_similar_topics_and_the_next_by_title() -> None:
+    chat = FakeChatModel({"topic_match": admit_none})
+    new = scene(20, "Ana fires a glazed bowl in the kiln", "Ana said the glaze on her pottery bowl cracked in the kiln.")
+    admit_topics("conv-t", [new], chat, existing=threads(), batch=4, shortlist=10)
+    assert chat.count("topic_match") == 1 and chat.count("topic_create") == 0  # paper batches: ceil(15 / 4) = 4 calls
+    data = chat.of("topic_match")[0].input
+    assert len(data["topics"]) == 4 and len(data["other_topics"]) == 6  # the last 5 topics are not shown
+    listed = [t["title"] for t in data["topics"]]
+    assert "Thread 0: pottery" in listed  # the one topic sharing the scene's words
+    assert all("keywords" in t for t in data["topics"]) and all(set(t) == {"ref", "title"} for t in data["other_topics"])
+    # refs run on across both lists; each list keeps creation order
+    assert [t["ref"] for t in data["topics"] + data["other_topics"]] == [f"T{n}" for n in range(1, 11)]
+    seqs = [int(t["title"].split(":")[0].split()[1]) for t in data["topics"]]
+    assert seqs == sorted(seqs) and data["may_open_new"] is True and "already_admitted" not in data
+    assert "other_topics by title only" in chat.of("topic_match")[0].prompt.messages[0].content
+
+
+def test_a_topic_offered_by_title_only_can_be_admitted_and_gains_keywords() -> None:
+    def admit_last_title(operation: str, request_json: dict[str, Any]) -> str:
+        data = request_input(request_json)
+        return json.dumps({"admitted": [{"ref": data["other_topics"][-1]["ref"], "new_keywords": ["kiln"]}],
+                           "new_topic": None})
+
+    chat = FakeChatModel({"topic_match": admit_last_title})
+    new = scene(20, "Ana fires a glazed bowl in the kiln")
+    pool = admit_topics("conv-t", [new], chat, existing=threads(), batch=4, shortlist=10)
+    title = chat.of("topic_match")[0].input["other_topics"][-1]["title"]
+    (joined,) = [t for t in pool.topics if new.scene_id in t.scene_ids]
+    assert joined.title == title and "kiln" in joined.keywords and len(pool.topics) == 15
+
+
+def test_shortlist_grows_one_call_per_scene_where_batches_grow_with_the_pool() -> None:
+    scenes = [scene(n, f"Unrelated event number {n}") for n in range(12)]
+    batches, short = FakeChatModel({"topic_match": admit_none}), FakeChatModel({"topic_match": admit_none})
+    a = admit_topics("conv-t", scenes, batches, batch=3)
+    b = admit_topics("conv-t", scenes, short, batch=3, shortlist=6)
+    assert batches.count("topic_match") == sum(math.ceil(k / 3) for k in range(12)) == 26
+    assert short.count("topic_match") == 11  # every scene after the first: one call
+    assert [t.title for t in a.topics] == [t.title for t in b.topics]
+
+
+def test_a_pool_within_one_batch_asks_exactly_as_the_paper_batches_do() -> None:
+    # the same request, so responses recorded or cached before the setting still answer it
+    existing = threads()[:4]
+    new = scene(20, "Ana fires a glazed bowl in the kiln")
+    plain, short = FakeChatModel({"topic_match": admit_none}), FakeChatModel({"topic_match": admit_none})
+    admit_topics("conv-t", [new], plain, existing=existing, batch=4)
+    admit_topics("conv-t", [new], short, existing=existing, batch=4, shortlist=10)
+    assert short.of("topic_match")[0].request == plain.of("topic_match")[0].request
+
+
+def test_a_shortlist_not_above_the_batch_is_refused() -> None:
+    with pytest.raises(ValueError, match="must exceed the batch"):
+        admit_topics("conv-t", [scene(20, "x")], FakeChatModel(), existing=threads(), batch=10, shortlist=10)

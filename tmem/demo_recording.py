@@ -75,6 +75,8 @@ def request_settings(settings: Settings) -> dict[str, Any]:
         "topic_batch": settings.topic_batch,
         "trigger_batch": settings.trigger_batch,
         "scene_trigger_batch": settings.scene_trigger_batch,
+        # absent when 0 (the paper's batches): recordings made before the setting stay valid
+        **({"topic_shortlist": settings.topic_shortlist} if settings.topic_shortlist else {}),
         "llm_structured_mode": settings.llm_structured_mode,
         "llm_repair_attempts": settings.llm_repair_attempts,
         "llm_batch": settings.llm_batch,

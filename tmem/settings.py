@@ -165,6 +165,13 @@ class Settings(BaseSettings, CascadeBudgets):
     dask_threads_per_worker: int = Field(4, ge=1, description="Conversations built at once per local Dask worker.")
     segment_window: int = Field(16, ge=2, description="Turns per segmentation window.")
     topic_batch: int = Field(10, ge=1, description="Topic labels per matching call (paper b=10).")
+    topic_shortlist: int = Field(
+        0,
+        ge=0,
+        description="0: every topic of the pool is matched, in batches of topic_batch (paper Algorithm 4). N > "
+        "topic_batch: one matching call per scene, offering the topic_batch topics most like the scene (BM25 over "
+        "title and keywords) with their keywords and the next N - topic_batch by title only.",
+    )
     trigger_batch: int = Field(6, ge=1, description="Items per item-trigger call.")
     scene_trigger_batch: int = Field(4, ge=1, description="Scenes per scene/horizon-trigger call.")
 

@@ -95,7 +95,7 @@ def build_conversation(rt: BuildRuntime, conversation_id: str, observer: StageOb
         scene_trig_futs = [stages.submit(_scene_triggers(rt, cid, n, batch, [by_id[t] for s in batch for t in s.turn_ids]))
                            for n, batch in enumerate(scene_trigger_batches(scenes, settings.scene_trigger_batch))]
         pool = stages.run(Unit("topics", cid, {"scenes": scenes}, lambda: admit_topics_outcome(
-            cid, list(scenes), chat, batch=settings.topic_batch), POOL), lambda v: f"{len(v.topics)} topics")
+            cid, list(scenes), chat, batch=settings.topic_batch, shortlist=settings.topic_shortlist), POOL), lambda v: f"{len(v.topics)} topics")
         topics = list(pool.topics)
         items_from = time.perf_counter()
         extracted = stages.gather("items", [stages.submit(_items(rt, cid, topic, scenes, by_id, topics))

@@ -68,4 +68,6 @@ def build_fingerprint(settings: Settings, model_name: str) -> str:
         model_name, {op: v for op, v in prompt_versions().items() if op in BUILD_OPERATIONS}, settings.embedding_model,
         settings.segment_window, settings.topic_batch, settings.trigger_batch, settings.scene_trigger_batch,
         VIEWS_VERSION,
+        # absent when 0 (the paper's batches), so a store built before the setting keeps its fingerprint
+        *([("topic_shortlist", settings.topic_shortlist)] if settings.topic_shortlist else []),
     )

@@ -15,7 +15,14 @@ fold its second matter into a topic of the first, and topics drifted into catch-
 answerers of a whole-conversation build reported it).
 
 Calls per scene: ceil(|pool| / batch) matching calls, plus one creation call for the first
-scene of an empty pool or when the last batch's proposal is missing or too thin.
+scene of an empty pool or when the last batch's proposal is missing or too thin. A conversation's
+matching thus grows with scenes x topics (a 600-turn LoCoMo conversation built by a capable model:
+252 of its 448 calls). ``shortlist`` (settings.topic_shortlist) bounds it to one call per scene:
+when the pool holds more than ``batch`` topics, the ``batch`` most like the scene by BM25 (scene
+title, summary and narrative against topic title and keywords) are listed with their keywords and
+the next ``shortlist - batch`` by title only, both admissible; the rest are not shown. On four
+recorded real-model builds, full matching admitted 152 topics to scenes whose pool exceeded 10
+topics, and 149 of them were among the BM25 top 10 (``bench/results/topic_shortlist.json``).
 
 More than ``MAX_NEW_KEYWORDS`` new keywords for one admission are cut to that many (noted
 ``clipped`` by :func:`admit_topics_outcome`). Topic admission is the spine of a conversation's
@@ -34,6 +41,7 @@ from tmem.ids import content_id
 from tmem.ports import ChatModel, scoped
 from tmem.prompts import topic_create, topic_match
 from tmem.prompts.common import iso_date
+from tmem.retrieval.scoring import bm25_scores, build_bm25, tokenize
 
 MAX_KEYWORDS = 40
 
@@ -70,6 +78,7 @@ def admit_topics(
     batch: int = 10,
     max_keywords: int = MAX_KEYWORDS,
     reasks: int = DEFAULT_REASKS,
+    shortlist: int = 0,
 ) -> TopicPool:
     """Admit ``scenes`` in arrival order (by ``seq``) to the pool that starts as ``existing``.
 
@@ -77,7 +86,8 @@ def admit_topics(
     new scenes only pays for the new ones.
     """
     return admit_topics_outcome(
-        conversation_id, scenes, chat, existing=existing, batch=batch, max_keywords=max_keywords, reasks=reasks
+        conversation_id, scenes, chat, existing=existing, batch=batch, max_keywords=max_keywords, reasks=reasks,
+        shortlist=shortlist,
     ).value
 
 
@@ -91,6 +101,7 @@ def admit_topics_outcome(
     batch: int = 10,
     max_keywords: int = MAX_KEYWORDS,
     reasks: int = DEFAULT_REASKS,
+    shortlist: int = 0,
 ) -> StageOutcome[TopicPool]:
     """As :func:`admit_topics`, with the notes of the answers (clipped keyword lists)."""
     log = StageLog(isolate=False)
@@ -101,7 +112,8 @@ def admit_topics_outcome(
         if any(scene.scene_id in t.scene_ids for t in pool):
             continue
         pool = admit_scene(
-            conversation_id, pool, scene, chat, batch=batch, max_keywords=max_keywords, reasks=reasks, log=log
+            conversation_id, pool, scene, chat, batch=batch, max_keywords=max_keywords, reasks=reasks, log=log,
+            shortlist=shortlist,
         )
     return log.outcome(TopicPool(conversation_id, tuple(pool)))
 
@@ -116,20 +128,28 @@ def admit_scene(
     max_keywords: int = MAX_KEYWORDS,
     reasks: int = DEFAULT_REASKS,
     log: StageLog | None = None,
+    shortlist: int = 0,
 ) -> list[Topic]:
     """One step of Algorithm 4: the pool after ``scene`` joined its topics or opened a new one
-    (notes, if any, go to ``log``)."""
+    (notes, if any, go to ``log``); with ``shortlist`` > ``batch`` and a pool larger than ``batch``,
+    one call over the shortlist instead of the batches (module docstring)."""
+    if shortlist and shortlist <= batch:
+        raise ValueError(f"topic shortlist {shortlist} must exceed the batch {batch} (or be 0)")
     view = topic_create.SceneView(
         date=iso_date(scene.start_time), title=scene.title, summary=scene.summary, narrative=scene.narrative
     )
     gained: dict[str, tuple[str, ...]] = {}  # admitted topic id -> its new keywords
     proposal: topic_create.TopicDraft | None = None
-    batches = list(batched(list(pool), batch))
+    if shortlist and len(pool) > batch:
+        listed, by_title = shortlist_topics(view, pool, batch, shortlist)
+        requests: list[tuple[Sequence[Topic], Sequence[Topic]]] = [(listed, by_title)]
+    else:
+        requests = [(labels, ()) for labels in batched(list(pool), batch)]
     titles = {t.topic_id: t.title for t in pool}
-    for number, labels in enumerate(batches, start=1):
-        last = number == len(batches)
+    for number, (labels, others) in enumerate(requests, start=1):
+        last = number == len(requests)
         earlier = [titles[tid] for tid in gained] if last else []
-        admitted, offered, notes = _match(conversation_id, scene, view, labels, last, chat, reasks, earlier)
+        admitted, offered, notes = _match(conversation_id, scene, view, labels, last, chat, reasks, earlier, others)
         if log is not None:
             log.extend(notes)
         gained.update(admitted)
@@ -154,6 +174,22 @@ def admit_scene(
     return [*pool, founded]
 
 
+def shortlist_topics(
+    view: topic_create.SceneView, pool: Sequence[Topic], batch: int, shortlist: int
+) -> tuple[list[Topic], list[Topic]]:
+    """The ``batch`` topics of ``pool`` most like the scene, then the next ``shortlist - batch``
+    (BM25 of the scene's title, summary and narrative over each topic's title and keywords; ties,
+    and topics sharing no word, in creation order), each part in creation order."""
+    scores = bm25_scores(
+        build_bm25([tokenize(" ".join([t.title, *t.keywords])) for t in pool]),
+        len(pool),
+        tokenize(" ".join([view.title, view.summary, view.narrative])),
+    )
+    ranked = sorted(range(len(pool)), key=lambda i: (-float(scores[i]), i))
+    listed, by_title = sorted(ranked[:batch]), sorted(ranked[batch:shortlist])
+    return [pool[i] for i in listed], [pool[i] for i in by_title]
+
+
 def _match(
     conversation_id: str,
     scene: Scene,
@@ -163,15 +199,22 @@ def _match(
     chat: ChatModel,
     reasks: int,
     already_admitted: Sequence[str] = (),
+    others: Sequence[Topic] = (),
 ) -> tuple[dict[str, tuple[str, ...]], topic_match.TopicProposal | None, list[BuildNote]]:
-    refs = local_refs("T", labels)
+    listed = local_refs("T", [*labels, *others])
+    refs = dict(listed)
     payload = topic_match.MatchInput(
         conversation_id=conversation_id,
         scene_ref=f"#{scene.seq} {scene.scene_id}",
         scene=view,
-        topics=[topic_match.TopicLabel(ref=ref, title=t.title, keywords=list(t.keywords)) for ref, t in refs.items()],
+        topics=[
+            topic_match.TopicLabel(ref=ref, title=t.title, keywords=list(t.keywords))
+            for ref, t in list(listed.items())[: len(labels)]
+        ],
         may_open_new=may_open_new,
         already_admitted=list(already_admitted) or None,
+        other_topics=[topic_match.TopicTitle(ref=ref, title=t.title) for ref, t in list(listed.items())[len(labels) :]]
+        or None,
     )
 
     input_ref = topic_match.build(payload).input_ref

@@ -25,6 +25,11 @@ class TopicLabel(BaseModel):
     keywords: list[str]
 
 
+class TopicTitle(BaseModel):
+    ref: str
+    title: str
+
+
 class MatchInput(BaseModel):
     conversation_id: str = Field(exclude=True)
     scene_ref: str = Field(exclude=True)
@@ -33,6 +38,10 @@ class MatchInput(BaseModel):
     may_open_new: bool
     already_admitted: list[str] | None = Field(
         default=None, description="Titles of topics that earlier batches admitted this scene to (last batch only)."
+    )
+    other_topics: list[TopicTitle] | None = Field(
+        default=None,
+        description="Shortlist mode: the conversation's next most similar topics, by title only (admissible too).",
     )
 
 
@@ -75,6 +84,20 @@ SYSTEM = (
     f"{MIN_KEYWORDS} keywords."
 )
 
+# Shortlist mode (settings.topic_shortlist): one request per scene; the topics most like the scene
+# with their keywords, the next ones by title only, so a match or a duplicate is still visible.
+SYSTEM_SHORTLIST = (
+    "You sort the scenes of a long chat between two people into topics. A topic is one specific "
+    "recurring thread (a person's project, relationship, hobby, plan or problem). Decide for each "
+    "topic whether the new scene continues that same thread. Sharing a broad theme is not enough: "
+    "the scene must be about the same specific matter. A scene may continue several topics. The "
+    "conversation has many topics: those most like the scene are listed with their keywords, the "
+    "next ones in other_topics by title only, and either list may be admitted from. If the scene's "
+    "matter (or a second matter the scene also takes up) is covered by no topic of either list, "
+    f"propose a new topic for it with at least {MIN_KEYWORDS} keywords; never one that repeats a "
+    "listed title."
+)
+
 TASK = "Which of these topics does the scene continue?"
 
 EXAMPLE = {
@@ -87,11 +110,12 @@ def build(payload: MatchInput, feedback: str | None = None) -> Prompt[MatchRespo
     return assemble(
         operation=OPERATION,
         version=VERSION,
-        system=SYSTEM,
+        system=SYSTEM if payload.other_topics is None else SYSTEM_SHORTLIST,
         response_model=MatchResponse,
         example=EXAMPLE,
         task=TASK,
         payload=payload,
-        input_ref=f"{payload.conversation_id} scene {payload.scene_ref} vs {len(payload.topics)} topics",
+        input_ref=f"{payload.conversation_id} scene {payload.scene_ref} vs {len(payload.topics)} topics"
+        + (f" (+{len(payload.other_topics)} by title)" if payload.other_topics else ""),
         feedback=feedback,
     )

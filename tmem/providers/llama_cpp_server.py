@@ -186,7 +186,7 @@ def _topic_create(schema: Schema, data: dict[str, Any]) -> None:
 
 
 def _topic_match(schema: Schema, data: dict[str, Any]) -> None:
-    refs = _refs(data, "topics")
+    refs = _refs(data, "topics") + [str(t["ref"]) for t in data.get("other_topics") or []]
     admitted = _prop(schema, "admitted")
     if refs:
         _enum(_prop(schema, "admitted", "[]", "ref"), refs)

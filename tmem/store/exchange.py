@@ -49,6 +49,7 @@ def build_settings_view(settings: Settings) -> dict[str, str]:
         "TMEM_EMBEDDING_MODEL": settings.embedding_model,
         "TMEM_SEGMENT_WINDOW": str(settings.segment_window),
         "TMEM_TOPIC_BATCH": str(settings.topic_batch),
+        "TMEM_TOPIC_SHORTLIST": str(settings.topic_shortlist),
         "TMEM_TRIGGER_BATCH": str(settings.trigger_batch),
         "TMEM_SCENE_TRIGGER_BATCH": str(settings.scene_trigger_batch),
         # Completion budgets decide where a stage splits an input whose answer does not fit.
