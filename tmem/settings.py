@@ -151,6 +151,12 @@ class Settings(BaseSettings, CascadeBudgets):
         "cluster, whose workers share the cores (cores // dask_workers each, bench/embed_build.py).",
     )
 
+    embedding_process: OnOff = Field(
+        "on",
+        description="on: a build's sentence-transformers encoder runs in a child process of its own (its own GIL; "
+        "tmem/providers/encoder_process.py), not in the build's threads; a Dask worker keeps its encoder in-process.",
+    )
+
     build_concurrency: int = Field(
         16, ge=1, description="Conversations built at once by the thread-pool runner (LLM calls are bounded "
         "separately by llm_concurrency; the Dask runner builds dask_workers x dask_threads_per_worker at once).",

@@ -81,7 +81,7 @@ def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     settings = spec.load_settings()
     con = connect(settings.store)
     chat = chat_model_for(settings, "build", con, run_id)
-    queue = CoalescingEmbedder(_embedder(settings, embedding_threads(settings, worker=False)))
+    queue = CoalescingEmbedder(_embedder(settings, embedding_threads(settings, worker=False), own_process=True))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=chat,
         embedder=CachedEmbedder(queue, DuckEmbeddingCache(con)), stages=StageCache.of_store(settings.store),
@@ -89,7 +89,15 @@ def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     )
 
 
-def _embedder(settings: Settings, threads: int) -> Embedder:
+def _embedder(settings: Settings, threads: int, *, own_process: bool = False) -> Embedder:
+    """The build's encoder; with ``own_process`` and ``embedding_process`` on, the built-in
+    sentence-transformers one runs in this process's encoder child (a Dask worker, a daemon
+    process, may start none)."""
+    if own_process and settings.embedding_process == "on" and settings.embedding_provider == "sentence-transformers":
+        from tmem.providers.encoder_process import EncoderSpec, shared_encoder
+
+        return shared_encoder(EncoderSpec(settings.embedding_model, settings.embedding_batch_size,
+                                          settings.embedding_device, threads))
     return embedder_factory(settings)(settings, threads)
 
 
