@@ -77,6 +77,7 @@ EMBED_MODEL = "all-MiniLM-L6-v2"
 
 def phase_env(args: argparse.Namespace, store: Path, llm_url: str, api_url: str, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TMEM_", "OPENAI_", "PREFECT_"))}
+    env |= dict(item.split("=", 1) for item in args.setting)  # --setting TMEM_X=Y, on top of what follows
     per_process = args.in_flight // (args.workers if args.runner == "dask" else 1)
     env |= {
         "PYTHONPATH": str(args.repo), "TMEM_STORE": str(store), "TMEM_LLM_BASE_URL": llm_url,
@@ -178,6 +179,8 @@ def main() -> None:
     parser.add_argument("--label", default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="leave the temporary directory on disk")
+    parser.add_argument("--setting", action="append", default=[], metavar="TMEM_NAME=VALUE",
+                        help="a tmem setting for the phases (repeatable), e.g. TMEM_EMBEDDING_PROCESS=on")
     parser.add_argument("--save-state", type=Path, default=None,
                         help="copy the store and Prefect home, as the phases before 'nightly' left them, to this directory")
     parser.add_argument("--from-state", type=Path, default=None,

@@ -19,14 +19,14 @@ def test_fingerprint_depends_on_model_and_build_knobs_only() -> None:
     assert build_fingerprint(load_settings(k_scenes=3), "m1") == base  # a query knob
 
 
-def test_topic_shortlist_is_a_build_knob_whose_default_keeps_earlier_fingerprints() -> None:
+def test_topic_shortlist_is_a_build_knob_and_0_keeps_the_fingerprints_of_before_it() -> None:
     from tmem.ids import content_hash
     from tmem.views.texts import VIEWS_VERSION
 
-    s = load_settings()
+    s = load_settings(topic_shortlist=0)
     versions = {op: v for op, v in prompt_versions().items() if op in BUILD_OPERATIONS}
     # the formula before the setting existed: a store built then is not rebuilt for it
     before = content_hash("m1", versions, s.embedding_model, s.segment_window, s.topic_batch, s.trigger_batch,
                           s.scene_trigger_batch, VIEWS_VERSION)
-    assert s.topic_shortlist == 0 and build_fingerprint(s, "m1") == before
-    assert build_fingerprint(load_settings(topic_shortlist=40), "m1") != before
+    assert build_fingerprint(s, "m1") == before  # TMEM_TOPIC_SHORTLIST=0: a store built then is not rebuilt
+    assert load_settings().topic_shortlist == 40 and build_fingerprint(load_settings(), "m1") != before

@@ -103,11 +103,11 @@ def test_a_parent_killed_with_sigkill_leaves_no_encoder() -> None:
         parent.kill()
 
 
-def test_the_publishers_build_encoder_is_the_child_unless_turned_off() -> None:
-    on = _embedder(load_settings(), 0, own_process=True)
+def test_the_publishers_build_encoder_is_the_child_when_turned_on() -> None:
+    on = _embedder(load_settings(embedding_process="on"), 0, own_process=True)
     assert isinstance(on, EncoderProcess) and on.pid is None  # started on first use, not here
     assert on.spec == EncoderSpec("all-MiniLM-L6-v2", 64, "cpu", 0)
-    assert isinstance(_embedder(load_settings(embedding_process="off"), 0, own_process=True),
-                      SentenceTransformerEmbedder)
+    assert load_settings().embedding_process == "off"
+    assert isinstance(_embedder(load_settings(), 0, own_process=True), SentenceTransformerEmbedder)
     # a Dask worker (a daemon process, which may start no child) keeps its encoder in-process
-    assert isinstance(_embedder(load_settings(), 1), SentenceTransformerEmbedder)
+    assert isinstance(_embedder(load_settings(embedding_process="on"), 1), SentenceTransformerEmbedder)

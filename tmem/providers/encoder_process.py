@@ -16,6 +16,12 @@ ends when the parent closes the pipe (at exit, or when the parent dies: its ``re
 of the pipe), so a killed build leaves no encoder behind. An error in the child (the model cannot
 load, an encode fails) is raised in the caller as :class:`~tmem.errors.EmbeddingError` with the
 child's message; a child that died is named with its exit code, and the next call starts a new one.
+
+Off by default (``TMEM_EMBEDDING_PROCESS=on``): on this 2-core machine the nightly of 1,000
+conversations went from 946 s (2.33x the texts' embedding time alone) to 815 s (2.23x), the texts
+still taking 2.0x their alone time inside the build: the cores, not the GIL, are what the
+encoder shares with the build's own work (~0.7 core for 10,870 LLM calls' client, validation,
+cache and ledger writes). It separates the two where the build process has cores to spare.
 """
 
 from __future__ import annotations
