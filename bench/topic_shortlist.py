@@ -25,15 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.benchstats import machine_info  # noqa: E402
 from tmem.construct.topics import shortlist_topics  # noqa: E402
+from tmem.devtools.responders import request_input  # noqa: E402
 from tmem.domain import Topic  # noqa: E402
 from tmem.prompts.topic_create import SceneView  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-
-
-def _input(record: dict[str, Any]) -> dict[str, Any]:
-    user = record["messages"][-1]["content"]
-    return json.loads(user.split("<input>", 1)[1].split("</input>", 1)[0])
 
 
 def _answer(record: dict[str, Any]) -> dict[str, Any]:
@@ -48,7 +44,7 @@ def scenes_of(path: Path) -> list[dict[str, Any]]:
         record = json.loads(line)
         if record["operation"] != "topic_match":
             continue
-        data = _input(record)
+        data = request_input(record)
         if data.get("other_topics"):
             raise SystemExit(f"{path}: record {record.get('n')} was built with the shortlist on; give a batched build")
         view = data["scene"]

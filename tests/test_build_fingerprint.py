@@ -30,3 +30,11 @@ def test_topic_shortlist_is_a_build_knob_and_0_keeps_the_fingerprints_of_before_
                           s.scene_trigger_batch, VIEWS_VERSION)
     assert build_fingerprint(s, "m1") == before  # TMEM_TOPIC_SHORTLIST=0: a store built then is not rebuilt
     assert load_settings().topic_shortlist == 40 and build_fingerprint(load_settings(), "m1") != before
+
+
+def test_a_shortlist_not_beyond_the_batch_is_refused_at_load() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="TMEM_TOPIC_SHORTLIST=10 must exceed TMEM_TOPIC_BATCH=10"):
+        load_settings(topic_shortlist=10)
+    assert load_settings(topic_shortlist=0, topic_batch=50).topic_shortlist == 0

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tmem.prompts.budgets import parse_budgets
@@ -219,6 +219,15 @@ class Settings(BaseSettings, CascadeBudgets):
                 f"({', '.join(BATCHABLE_OPERATIONS)}); segmentation and topic admission wait on each answer"
             )
         return value
+
+    @model_validator(mode="after")
+    def _shortlist_beyond_batch(self) -> Settings:
+        if self.topic_shortlist and self.topic_shortlist <= self.topic_batch:
+            raise ValueError(
+                f"TMEM_TOPIC_SHORTLIST={self.topic_shortlist} must exceed TMEM_TOPIC_BATCH={self.topic_batch} "
+                "(the topics listed with keywords), or be 0 (every topic, in batches)"
+            )
+        return self
 
     @field_validator("llm_output_budgets")
     @classmethod

@@ -202,20 +202,16 @@ def _match(
     already_admitted: Sequence[str] = (),
     others: Sequence[Topic] = (),
 ) -> tuple[dict[str, tuple[str, ...]], topic_match.TopicProposal | None, list[BuildNote]]:
-    listed = local_refs("T", [*labels, *others])
-    refs = dict(listed)
+    refs = local_refs("T", [*labels, *others])  # one ref series over both lists: either may be admitted
+    offered = list(refs.items())
     payload = topic_match.MatchInput(
         conversation_id=conversation_id,
         scene_ref=f"#{scene.seq} {scene.scene_id}",
         scene=view,
-        topics=[
-            topic_match.TopicLabel(ref=ref, title=t.title, keywords=list(t.keywords))
-            for ref, t in list(listed.items())[: len(labels)]
-        ],
+        topics=[topic_match.TopicLabel(ref=r, title=t.title, keywords=list(t.keywords)) for r, t in offered[: len(labels)]],
         may_open_new=may_open_new,
         already_admitted=list(already_admitted) or None,
-        other_topics=[topic_match.TopicTitle(ref=ref, title=t.title) for ref, t in list(listed.items())[len(labels) :]]
-        or None,
+        other_topics=[topic_match.TopicTitle(ref=r, title=t.title) for r, t in offered[len(labels) :]] or None,
     )
 
     input_ref = topic_match.build(payload).input_ref

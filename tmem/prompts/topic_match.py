@@ -71,12 +71,16 @@ class MatchResponse(BaseModel):
     )
 
 
-SYSTEM = (
+_THREADS = (
     "You sort the scenes of a long chat between two people into topics. A topic is one specific "
     "recurring thread (a person's project, relationship, hobby, plan or problem). Decide for each "
-    "listed topic whether the new scene continues that same thread. Sharing a broad theme is not "
+    "{which} whether the new scene continues that same thread. Sharing a broad theme is not "
     "enough: the scene must be about the same specific matter. A scene may continue several "
-    "topics. The topics are shown in batches: this request lists only some of them, and the "
+    "topics. "
+)
+
+SYSTEM = _THREADS.format(which="listed topic") + (
+    "The topics are shown in batches: this request lists only some of them, and the "
     "others are asked about in requests of their own, so judge only the listed ones (admitting none "
     "is a normal answer). may_open_new is true in the last batch: then, if the scene's matter (or a "
     "second matter the scene also takes up) is covered neither by a listed topic nor by the topics "
@@ -86,12 +90,8 @@ SYSTEM = (
 
 # Shortlist mode (settings.topic_shortlist): one request per scene; the topics most like the scene
 # with their keywords, the next ones by title only, so a match or a duplicate is still visible.
-SYSTEM_SHORTLIST = (
-    "You sort the scenes of a long chat between two people into topics. A topic is one specific "
-    "recurring thread (a person's project, relationship, hobby, plan or problem). Decide for each "
-    "topic whether the new scene continues that same thread. Sharing a broad theme is not enough: "
-    "the scene must be about the same specific matter. A scene may continue several topics. The "
-    "conversation has many topics: those most like the scene are listed with their keywords, the "
+SYSTEM_SHORTLIST = _THREADS.format(which="topic") + (
+    "The conversation has many topics: those most like the scene are listed with their keywords, the "
     "next ones in other_topics by title only, and either list may be admitted from. If the scene's "
     "matter (or a second matter the scene also takes up) is covered by no topic of either list, "
     f"propose a new topic for it with at least {MIN_KEYWORDS} keywords; never one that repeats a "
