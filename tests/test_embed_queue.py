@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -126,4 +127,58 @@ def test_conversations_queued_behind_a_call_share_one_large_call() -> None:
         [f.result(timeout=30) for f in futures]
     first.join(10)
     assert [len(c) for c in inner.calls] == [1, 2000]
+    queue.close()
+
+
+def test_with_a_cache_the_queue_looks_up_once_per_call_and_stores_what_it_embedded() -> None:
+    """Twenty conversations queued behind a call: their texts are looked up in the cache in one
+    lookup, only the misses reach the model, and those are stored for the next build."""
+    from tmem.llm.cached_embedder import InMemoryEmbeddingCache, embedding_key
+
+    class CountingCache(InMemoryEmbeddingCache):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lookups: list[int] = []
+
+        def get_many(self, model: str, text_hashes: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
+            self.lookups.append(len(text_hashes))
+            return super().get_many(model, text_hashes)
+
+    reference = HashEmbedder()
+    cache = CountingCache()
+    old = [f"old text {k}" for k in range(10)]
+    cache.put_many(reference.model_name, {embedding_key(reference.model_name, t): reference.embed([t])[0] for t in old})
+    inner = GatedEmbedder()
+    queue = CoalescingEmbedder(inner, cache=cache, linger_s=0.05)
+    first = threading.Thread(target=queue.embed, args=(["the first conversation"],))
+    first.start()
+    time.sleep(0.2)  # the worker is inside its first call, held by the gate
+    asks = [[*old[n % 10 : n % 10 + 1], f"conversation {n} new text"] for n in range(20)]
+    with ThreadPoolExecutor(20) as pool:
+        futures = [pool.submit(queue.embed, texts) for texts in asks]
+        time.sleep(0.5)
+        inner.release.set()
+        results = [f.result(timeout=30) for f in futures]
+    first.join(10)
+    for texts, got in zip(asks, results, strict=True):
+        assert np.array_equal(got, reference.embed(texts))
+    assert cache.lookups == [1, 30]  # the first conversation's text, then all twenty at once (10 old + 20 new)
+    assert inner.calls[1] == [f"conversation {n} new text" for n in range(20)]  # no cached text embedded again
+    assert queue.usage.cache_hits == 10 and queue.usage.texts == 21 and queue.usage.lookups == 2
+    assert len(cache) == 10 + 21  # what the model embedded is in the cache now
+    queue.embed(["conversation 3 new text", "old text 4"])  # both in the memo or the cache: no model call
+    assert len(inner.calls) == 2
+    queue.close()
+
+
+def test_a_cached_vector_of_the_wrong_dimension_fails_its_callers() -> None:
+    from tmem.llm.cached_embedder import InMemoryEmbeddingCache, embedding_key
+
+    inner = CountingEmbedder(HashEmbedder())
+    cache = InMemoryEmbeddingCache()
+    cache.put_many(inner.model_name, {embedding_key(inner.model_name, "stale"): np.zeros(3, dtype=np.float32)})
+    queue = CoalescingEmbedder(inner, cache=cache, linger_s=0.0)
+    with pytest.raises(EmbeddingError, match="do not have dim"):
+        queue.embed(["stale", "fresh"])
+    assert inner.calls == []
     queue.close()

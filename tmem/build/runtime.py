@@ -2,7 +2,7 @@
 
 A :class:`BuildRuntime` is what the stages use (STYLE.md §3): the settings, the build-role chat
 model (cached, metered, bounded to ``TMEM_LLM_CONCURRENCY`` calls in flight in this process),
-the embedder (cached), the stage-result cache, and the database behind the caches. Opening one
+the embedder (one coalescing worker with the embedding cache in it), the stage-result cache, and the database behind the caches. Opening one
 loads the model clients and the migrations, so a process opens it once per run:
 :func:`runtime_for` memoises it on the values a task receives — the spec, the run id and, on a
 Dask worker, the path of the run's exchange file.
@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 from tmem.build.spec import BuildSpec, build_fingerprint
 from tmem.bundle import chat_model_for
 from tmem.llm.bounded import BoundedChatModel
-from tmem.llm.cached_embedder import CachedEmbedder
 from tmem.llm.embed_queue import CoalescingEmbedder
 from tmem.ports import ChatModel, Embedder, OperationUsage
 from tmem.providers.registry import chat_provider, embedder_factory
@@ -81,10 +80,11 @@ def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     settings = spec.load_settings()
     con = connect(settings.store)
     chat = chat_model_for(settings, "build", con, run_id)
-    queue = CoalescingEmbedder(_embedder(settings, embedding_threads(settings, worker=False), own_process=True))
+    queue = CoalescingEmbedder(_embedder(settings, embedding_threads(settings, worker=False), own_process=True),
+                               cache=DuckEmbeddingCache(con))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=chat,
-        embedder=CachedEmbedder(queue, DuckEmbeddingCache(con)), stages=StageCache.of_store(settings.store),
+        embedder=queue, stages=StageCache.of_store(settings.store),
         fingerprint=build_fingerprint(settings, chat.model_name), embed_queue=queue,
     )
 
@@ -137,10 +137,11 @@ def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRu
         ledger=JournalingUsageLedger(journal),
         run_id=run_id,
     )
-    queue = CoalescingEmbedder(_embedder(settings, embedding_threads(settings, worker=True)))
+    queue = CoalescingEmbedder(_embedder(settings, embedding_threads(settings, worker=True)),
+                               cache=JournalingEmbeddingCache(DuckEmbeddingCache(con), journal))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=BoundedChatModel(cached, settings.llm_concurrency),
-        embedder=CachedEmbedder(queue, JournalingEmbeddingCache(DuckEmbeddingCache(con), journal)),
+        embedder=queue,
         stages=StageCache.of_store(settings.store), fingerprint=build_fingerprint(settings, cached.model_name),
         journal=journal, embed_queue=queue,
     )

@@ -10,11 +10,18 @@ embeds it in one call of the inner embedder (sentence-transformers sorts a call'
 so batches are dense), then hands each caller its rows. Errors reach the callers whose texts were
 in the failed call. It also counts what it embedded and how long the inner embedder took.
 
-Each distinct text is embedded once per build while it is recent: conversations built at the same
-time look their texts up in the embedding cache before either has stored them, so the same text
-(a templated horizon, a shared greeting) reaches the queue from several of them. The worker merges
-duplicates inside a call and answers a text it embedded in the last ``memo_texts`` from memory
-(measured on 40 synthetic conversations: 13 % of the texts sent were such repeats).
+The same text (a templated horizon, a shared greeting) reaches the queue from several conversations
+built at the same time. The worker merges duplicates inside a call and answers a text it embedded or
+looked up in the last ``memo_texts`` from memory (measured on 40 synthetic conversations: 13 % of the
+new texts sent were such repeats).
+
+With a ``cache`` (the build's embedding cache, :class:`tmem.ports.EmbeddingCache`) the worker also
+looks the texts up there, once per call for every conversation in it, and stores what the model
+embedded after the call, so each distinct text of a model is embedded once per cache (what
+:class:`tmem.llm.cached_embedder.CachedEmbedder` does per caller). One lookup per call, not one per
+conversation: the cache is a DuckDB table that a lookup scans (~100 ms at 83,000 vectors, for 10 keys
+or 2,000 alike), so one lookup per conversation cost a nightly of 1,000 conversations ~100 s of CPU
+and a serialised ~110 s under the cache's lock, growing with the archive (``bench/nightly_scale.py``).
 
 A call takes up to ``max_texts`` = 2,048 texts (~20 conversations' views when they queue up): the
 model pads each batch to its longest text, and the more texts a call sorts by length, the less
@@ -34,8 +41,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tmem.errors import EmbeddingError
+from tmem.llm.cached_embedder import embedding_key
 from tmem.llm.embedder_wrapper import EmbedderWrapper
-from tmem.ports import Embedder
+from tmem.ports import Embedder, EmbeddingCache
 
 
 @dataclass
@@ -44,14 +52,18 @@ class EmbeddingUsage:
     calls: int = 0  # calls of the inner embedder
     seconds: float = 0.0  # spent inside them
     requested: int = 0  # texts the callers asked for (repeats included)
+    cache_hits: int = 0  # distinct texts found in the cache
+    lookups: int = 0  # cache lookups (one per call of the worker that had texts to look up)
+    lookup_s: float = 0.0  # spent in them and in storing the new vectors
 
 
 class CoalescingEmbedder(EmbedderWrapper):
     """An :class:`Embedder` funnelling every caller's texts through one worker thread (see the module)."""
 
-    def __init__(self, inner: Embedder, *, max_texts: int = 2048, linger_s: float = 0.02,
-                 memo_texts: int = 16384) -> None:
+    def __init__(self, inner: Embedder, *, cache: EmbeddingCache | None = None, max_texts: int = 2048,
+                 linger_s: float = 0.02, memo_texts: int = 16384) -> None:
         super().__init__(inner)
+        self.cache = cache
         self.max_texts = max_texts
         self.linger_s = linger_s
         self.memo_texts = memo_texts  # ~25 MB of 384-d vectors
@@ -112,18 +124,40 @@ class CoalescingEmbedder(EmbedderWrapper):
                 self._memo.popitem(last=False)
 
     def _embed_new(self, texts: list[str]) -> None:
-        """Embed the distinct texts not in the memo, in one inner call, into the memo."""
+        """Put the distinct texts not in the memo into it: from the cache (one lookup), the rest from
+        one inner call (then stored in the cache)."""
         fresh = [t for t in dict.fromkeys(texts) if t not in self._memo]
         self.usage.requested += len(texts)
-        if fresh:
+        keys: dict[str, str] = {}
+        if fresh and self.cache is not None:
             started = time.perf_counter()
-            matrix = self.inner.embed(fresh)
-            if matrix.shape != (len(fresh), self.dim):
-                raise EmbeddingError(self.model_name, f"returned shape {matrix.shape} for {len(fresh)} texts")
-            self.usage.seconds += time.perf_counter() - started
-            self.usage.texts += len(fresh)
-            self.usage.calls += 1
-            self._memo.update(zip(fresh, matrix, strict=True))
+            keys = {t: embedding_key(self.model_name, t) for t in fresh}
+            found = self.cache.get_many(self.model_name, list(keys.values()))
+            self.usage.lookup_s += time.perf_counter() - started
+            self.usage.lookups += 1
+            wrong = [k for k, v in found.items() if v.shape != (self.dim,)]
+            if wrong:
+                raise EmbeddingError(self.model_name, f"{len(wrong)} cached vectors do not have dim {self.dim} "
+                                                      f"(e.g. key {wrong[0]})")
+            hits = {t: found[keys[t]] for t in fresh if keys[t] in found}
+            self._memo.update(hits)
+            self.usage.cache_hits += len(hits)
+            fresh = [t for t in fresh if t not in hits]
+        if not fresh:
+            return
+        started = time.perf_counter()
+        matrix = self.inner.embed(fresh)
+        if matrix.shape != (len(fresh), self.dim):
+            raise EmbeddingError(self.model_name, f"returned shape {matrix.shape} for {len(fresh)} texts")
+        self.usage.seconds += time.perf_counter() - started
+        self.usage.texts += len(fresh)
+        self.usage.calls += 1
+        vectors = np.asarray(matrix, dtype=np.float32)
+        if self.cache is not None:
+            started = time.perf_counter()
+            self.cache.put_many(self.model_name, {keys[t]: vectors[n] for n, t in enumerate(fresh)})
+            self.usage.lookup_s += time.perf_counter() - started
+        self._memo.update(zip(fresh, vectors, strict=True))
 
     def _rows(self, batch: list[str]) -> npt.NDArray[np.float32]:
         for text in batch:
