@@ -2,10 +2,11 @@
 
 Thread-safety: a ``DuckDBPyConnection`` must not be used from several threads at once, and
 concurrent writers of one key conflict (DuckDB raises a constraint error rather than
-waiting). Each object below therefore serialises its statements with its own lock and runs
-each one on a fresh ``con.cursor()`` (a cheap, separate connection to the same database,
-~4 µs), so it neither races with itself nor with the thread that owns ``con``. Statements
-take milliseconds and LLM calls seconds, so the lock costs nothing measurable.
+waiting). Each object below runs each statement on a fresh ``con.cursor()`` (a cheap, separate
+connection to the same database, ~12 µs), made under its own lock, so it races neither with itself
+nor with the thread that owns ``con``. Its writes go through one writer thread
+(:class:`~tmem.store.group_commit.GroupCommit`): the rows of concurrent calls share one
+transaction, and each call returns once its row is committed. A cache lookup runs beside it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import duckdb
+import pyarrow as pa
 
 from tmem.ports import CacheEntry, OperationUsage, UsageRecord
+from tmem.store.group_commit import GroupCommit
+
+_STAGED = "tmem_llm_rows_staged"
 
 # Every column of the table as the migrations leave it (up to m008_construction_health and m010_forget);
 # also what the publisher writes for a Dask worker's rows.
@@ -63,31 +68,51 @@ class _Serialised:
                 cur.close()
 
 
+def _insert_arrow(cur: duckdb.DuckDBPyConnection, statement: str, table: pa.Table) -> None:
+    """Run ``statement`` (which reads ``{staged}``) with ``table`` registered under that name."""
+    cur.register(_STAGED, table)
+    try:
+        cur.execute(statement.format(staged=_STAGED))
+    finally:
+        cur.unregister(_STAGED)
+
+
+def _write_cache_rows(cur: duckdb.DuckDBPyConnection, entries: list[CacheEntry]) -> None:
+    latest = list({e.cache_key: e for e in entries}.values())  # one row per key in a statement: the last answer
+    table = pa.table({
+        "cache_key": pa.array([e.cache_key for e in latest], pa.string()),
+        "operation": pa.array([e.operation for e in latest], pa.string()),
+        "model": pa.array([e.model for e in latest], pa.string()),
+        "prompt_version": pa.array([e.prompt_version for e in latest], pa.string()),
+        "response": pa.array([e.response_json for e in latest], pa.string()),
+        "prompt_tokens": pa.array([e.prompt_tokens for e in latest], pa.int64()),
+        "completion_tokens": pa.array([e.completion_tokens for e in latest], pa.int64()),
+        "created_at": pa.array([e.created_at for e in latest], pa.timestamp("us", tz="UTC")),
+    })
+    names = ", ".join(table.column_names)
+    _insert_arrow(cur, f"INSERT OR REPLACE INTO llm_cache ({names}) SELECT {names} FROM {{staged}}", table)  # noqa: S608 -- constant names
+
+
 class DuckResponseCache(_Serialised):
-    """:class:`~tmem.ports.ResponseCache` on table ``llm_cache``."""
+    """:class:`~tmem.ports.ResponseCache` on table ``llm_cache``; puts from many threads are
+    committed together (:mod:`tmem.store.group_commit`), each returning once its row is committed."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        super().__init__(con)
+        self.writes: GroupCommit[CacheEntry] = GroupCommit(con, _write_cache_rows, cursor_lock=self._lock,
+                                                           name="llm-cache")
 
     def get(self, cache_key: str) -> str | None:
-        with self._cursor() as cur:
+        with self._lock:
+            cur = self._con.cursor()
+        try:  # a read needs no lock: DuckDB reads beside the writer's transaction
             row = cur.execute("SELECT response FROM llm_cache WHERE cache_key = ?", [cache_key]).fetchone()
+        finally:
+            cur.close()
         return str(row[0]) if row else None
 
     def put(self, entry: CacheEntry) -> None:
-        with self._cursor() as cur:
-            cur.execute(
-                "INSERT OR REPLACE INTO llm_cache "
-                "(cache_key, operation, model, prompt_version, response, prompt_tokens, completion_tokens, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    entry.cache_key,
-                    entry.operation,
-                    entry.model,
-                    entry.prompt_version,
-                    entry.response_json,
-                    entry.prompt_tokens,
-                    entry.completion_tokens,
-                    entry.created_at,
-                ],
-            )
+        self.writes.write(entry)
 
     def count(self) -> int:
         with self._cursor() as cur:
@@ -98,9 +123,14 @@ class DuckResponseCache(_Serialised):
 class DuckUsageLedger(_Serialised):
     """:class:`~tmem.ports.UsageLedger` on table ``llm_usage`` (of a migrated working database)."""
 
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        super().__init__(con)
+        self.writes: GroupCommit[UsageRecord] = GroupCommit(con, _write_usage_rows, cursor_lock=self._lock,
+                                                            name="llm-usage")
+
     def record(self, record: UsageRecord) -> None:
-        with self._cursor() as cur:
-            cur.execute(INSERT_USAGE_FULL, usage_values(record))
+        """Returns once the row is committed (rows of concurrent calls share a transaction)."""
+        self.writes.write(record)
 
     def summary(self, run_id: str) -> dict[str, OperationUsage]:
         with self._cursor() as cur:
@@ -114,3 +144,21 @@ class DuckUsageLedger(_Serialised):
                 repairs=n[8], checked_reasks=n[9], truncations=n[10], output_errors=n[11],
             )
         return out
+
+
+_USAGE_TYPES: dict[str, pa.DataType] = {
+    "run_id": pa.string(), "operation": pa.string(), "model": pa.string(), "prompt_tokens": pa.int64(),
+    "completion_tokens": pa.int64(), "latency_ms": pa.float64(), "cache_hit": pa.bool_(), "attempts": pa.int64(),
+    "recorded_at": pa.timestamp("us", tz="UTC"), "usage_estimated": pa.bool_(), "batch": pa.bool_(),
+    "batch_prompt_tokens": pa.int64(), "batch_completion_tokens": pa.int64(), "repairs": pa.int64(),
+    "checked_reask": pa.bool_(), "truncated": pa.bool_(), "output_error": pa.bool_(), "conversation_id": pa.string(),
+    "cache_key": pa.string(),
+}  # the columns of INSERT_USAGE_FULL, in its order
+
+
+def _write_usage_rows(cur: duckdb.DuckDBPyConnection, records: list[UsageRecord]) -> None:
+    columns = list(zip(*(usage_values(r) for r in records), strict=True))
+    table = pa.table({name: pa.array(list(values), kind)
+                      for (name, kind), values in zip(_USAGE_TYPES.items(), columns, strict=True)})
+    names = ", ".join(_USAGE_TYPES)
+    _insert_arrow(cur, f"INSERT INTO llm_usage ({names}) SELECT {names} FROM {{staged}}", table)  # noqa: S608 -- constant names
