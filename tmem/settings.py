@@ -272,6 +272,12 @@ PREFECT_DEFAULTS: dict[str, str] = {
     # Model weights are never downloaded at run time: sentence-transformers loads local files only.
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
+    # torch's OpenMP threads sleep at a barrier instead of spinning. A build embeds beside dozens
+    # of threads (LLM calls, DuckDB, Prefect): a thread spinning while its partner is descheduled
+    # burns the core the rest needs (bench/encoder_under_load.py: 2 threads beside one busy core
+    # ~1.2x faster passive; the same with the cores free). Read when OpenMP starts, so it is set
+    # before torch is imported; a value of the user's is kept.
+    "OMP_WAIT_POLICY": "PASSIVE",
 }
 
 
