@@ -98,3 +98,66 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
              for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of one process and of its children it has waited for (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    # after the command: state(0) ... utime(11) stime(12) cutime(13) cstime(14)
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / os.sysconf("SC_CLK_TCK")
+
+
+def processes_named(name: str) -> list[int]:
+    """Pids of the processes whose command name is ``name`` (e.g. ``postgres``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as fh:
+                    if fh.read().strip() == name:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def machine_busy_seconds() -> float:
+    """Core-seconds the whole machine spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    busy = sum(fields[:8]) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+class CpuAccount:
+    """CPU seconds spent by named groups of processes between ``start()`` and ``stop()``.
+
+    ``groups`` maps a name to a function returning the pids to read at that moment (read at both
+    ends; a pid gone at the end counts only what it had when it was last read). ``children`` is
+    this process's waited-for children (``RUSAGE_CHILDREN``: a phase run with ``subprocess.run``),
+    ``self`` this process, ``machine`` every core of the machine."""
+
+    def __init__(self, groups: dict[str, Any]) -> None:
+        self.groups = groups
+        self._start: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        import resource
+
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        now = {"machine": machine_busy_seconds(), "self": me.ru_utime + me.ru_stime,
+               "children": kids.ru_utime + kids.ru_stime}
+        for name, pids in self.groups.items():
+            now[name] = sum(_proc_cpu_seconds(pid) for pid in pids())
+        return now
+
+    def start(self) -> None:
+        self._start = self._read()
+
+    def stop(self) -> dict[str, float]:
+        end = self._read()
+        return {name: round(end[name] - self._start.get(name, 0.0), 1) for name in end}

@@ -57,7 +57,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from bench.benchstats import loadavg, machine_info  # noqa: E402
+from bench.benchstats import CpuAccount, loadavg, machine_info, processes_named  # noqa: E402
 from bench.prefect_servers import Postgres, PrefectServer  # noqa: E402
 from bench.synthetic_archive import write_archives  # noqa: E402
 from tmem.devtools import synth  # noqa: E402
@@ -96,9 +96,9 @@ def run(command: list[str], env: dict[str, str], log: Path, cwd: Path, timeout_s
     proc = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, check=False)
     seconds = time.perf_counter() - started
     log.write_text(proc.stderr, encoding="utf-8")
-    text = proc.stdout.strip()
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]  # the JSON among other output (py-spy)
     try:
-        out: dict[str, Any] = json.loads(text if text.startswith("{") else text.splitlines()[-1])
+        out: dict[str, Any] = json.loads(lines[-1])
     except (json.JSONDecodeError, IndexError):
         raise SystemExit(f"{' '.join(command[:4])} exited {proc.returncode}:\n{proc.stderr[-4000:]}\n"
                          f"{proc.stdout[-1000:]}") from None
@@ -131,20 +131,36 @@ def cached_keys(store: Path) -> set[str]:
         con.close()
 
 
-def embedding_seconds(texts: list[str], sample: int, seed: int) -> dict[str, Any]:
-    """Embed a random sample of ``texts`` alone (the build's model, batch 64); seconds scaled to all."""
+def embedding_seconds(texts: list[str], sample: int, seed: int, settings: list[str]) -> dict[str, Any]:
+    """Embed a random sample of ``texts`` alone, seconds scaled to all: with sentence-transformers in
+    this process at torch's default threads (``in_process``), and with the encoder the build uses
+    under ``settings`` (``build_layout``: e.g. its pool of encoder processes). ``seconds``, the bound,
+    is the faster of the two."""
+    from tmem.build.runtime import _embedder, encoder_layout
+    from tmem.providers.encoder_process import EncoderPool
     from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
+    from tmem.settings import load_settings
 
     if not texts:
         return {"texts": 0, "seconds": 0.0, "sampled": 0}
     chosen = random.Random(seed).sample(texts, min(sample, len(texts)))
-    embedder = SentenceTransformerEmbedder(EMBED_MODEL, batch_size=64)
-    embedder.embed(chosen[:64])  # load the model and warm up
-    started = time.perf_counter()
-    embedder.embed(chosen)
-    took = time.perf_counter() - started
-    return {"texts": len(texts), "sampled": len(chosen), "sample_seconds": round(took, 2),
-            "seconds": round(took * len(texts) / len(chosen), 1)}
+    values = dict(item.split("=", 1) for item in settings)
+    build = load_settings(**{k.removeprefix("TMEM_").lower(): v for k, v in values.items()}, embedding_model=EMBED_MODEL)
+    result: dict[str, Any] = {"texts": len(texts), "sampled": len(chosen),
+                              "build_layout": dict(zip(("processes", "threads"), encoder_layout(build, worker=False),
+                                                       strict=True))}
+    for name, embedder in (("in_process", SentenceTransformerEmbedder(EMBED_MODEL, batch_size=64)),
+                           ("build_layout", _embedder(build, worker=False))):
+        if isinstance(embedder, EncoderPool):
+            embedder.start()  # every child, not only the one the warm-up call reaches
+        embedder.embed(chosen[:64])  # load the model and warm up
+        started = time.perf_counter()
+        embedder.embed(chosen)
+        took = time.perf_counter() - started
+        result[f"{name}_sample_seconds"] = round(took, 2)
+        result[f"{name}_seconds"] = round(took * len(texts) / len(chosen), 1)
+    result["seconds"] = min(result["in_process_seconds"], result["build_layout_seconds"])
+    return result
 
 
 def save_state(target: Path, store: Path, home: Path, facts: dict[str, Any], commit: str,
@@ -179,6 +195,9 @@ def main() -> None:
     parser.add_argument("--label", default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="leave the temporary directory on disk")
+    parser.add_argument("--profile", default=None, metavar="PHASES",
+                        help="comma-separated phases to run under py-spy (its CPU-busy samples, collapsed stacks in "
+                             "<out>.<phase>.pyspy.txt; py-spy must be on PATH); the profiler slows the phase")
     parser.add_argument("--setting", action="append", default=[], metavar="TMEM_NAME=VALUE",
                         help="a tmem setting for the phases (repeatable), e.g. TMEM_EMBEDDING_PROCESS=on")
     parser.add_argument("--save-state", type=Path, default=None,
@@ -191,6 +210,7 @@ def main() -> None:
     label = args.label or f"{args.runner}-{args.database}-{args.conversations}"
     out_path = args.out or RESULTS / f"nightly_scale-{label}.json"
     phases = args.phases.split(",")
+    profiled = set(args.profile.split(",")) if args.profile else set()
     commit = subprocess.run(["git", "-C", str(args.repo), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()
     report: dict[str, Any] = {
@@ -227,11 +247,20 @@ def main() -> None:
     env = phase_env(args, store, llm.url, prefect.api_url, home)
     python = sys.executable
 
+    # where the cores went during a phase: the phase's process (and what it waited for), this process
+    # (the scripted LLM server), the Prefect server, PostgreSQL, and the machine as a whole
+    cpu = CpuAccount({"prefect_server": lambda: [prefect.proc.pid], "postgres": lambda: processes_named("postgres")})
+
     def phase(name: str, command: list[str], conversations: int) -> dict[str, Any]:
         before_keys, before_requests, before_api = (cached_keys(store) if (store / "work.duckdb").exists() else set(),
                                                     len(llm.requests), prefect.counts())
         load = loadavg()
+        cpu.start()
+        if name in profiled:
+            command = ["py-spy", "record", "--format", "raw", "--rate", "40", "--subprocesses", "--nonblocking", *(["--gil"] if os.environ.get("BENCH_PYSPY_GIL") else []),
+                       "-o", str(out_path.with_suffix(f".{name}.pyspy.txt")), "--", *command]
         out, wall = run(command, env, tmp / f"{name}.log", args.repo, args.timeout_s)
+        cpu_s = cpu.stop() | {"wall_x_cores": round(wall * (os.cpu_count() or 1), 1)}
         api = prefect.counts() - before_api
         calls = len(llm.requests) - before_requests
         texts = embedded_texts(store)
@@ -240,7 +269,7 @@ def main() -> None:
         row: dict[str, Any] = {
             "wall_s": round(wall, 1), "flow_s": (build or {}).get("seconds"), "conversations": conversations,
             "llm_calls": calls, "llm_bound_s": round(calls * args.latency_ms / 1000 / args.in_flight, 1),
-            "embedding": embedding_seconds(new, args.embed_sample, args.seed),
+            "embedding": embedding_seconds(new, args.embed_sample, args.seed, args.setting),
             "prefect_http": api.get("http", 0), "prefect_ws_messages": api.get("ws_messages", 0),
             "prefect_top": dict(Counter({k: v for k, v in api.items() if k not in {"http", "ws_messages"}}).most_common(8)),
             "status": (build or {}).get("status", "no build"), "returncode": out["returncode"], "loadavg": load,
@@ -248,6 +277,9 @@ def main() -> None:
             # what the build's own embedding queue did (the flow process; a Dask worker's is its own)
             "build_embedding": (build or {}).get("embedding"),
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip(),
+            # CPU seconds during the phase: "children" is the phase's process (with its Dask workers),
+            # "self" the benchmark's process serving the scripted LLM
+            "cpu_s": cpu_s,
         }
         row["bound_s"] = max(row["llm_bound_s"], row["embedding"]["seconds"])
         row["ratio_to_bound"] = round(wall / row["bound_s"], 2) if row["bound_s"] else None
@@ -257,10 +289,12 @@ def main() -> None:
         out_path.write_text(json.dumps(report, indent=1))
         inside = row["build_embedding"] or {}
         print(f"  {name:<9} wall {wall:7.1f} s  calls {calls:6d}  LLM bound {row['llm_bound_s']:6.1f} s  embedding "
-              f"{row['embedding']['seconds']:6.1f} s ({len(new)} texts; in the build {inside.get('model_s', '-')} s for "
+              f"{row['embedding']['seconds']:6.1f} s (in process {row['embedding'].get('in_process_seconds', '-')}, "
+              f"build's layout {row['embedding'].get('build_layout_seconds', '-')}; {len(new)} texts; in the build {inside.get('model_s', '-')} s for "
               f"{inside.get('texts', '-')})  Prefect {row['prefect_http']} http + "
               f"{row['prefect_ws_messages']} ws  {row['wall_per_conversation_s']:.3f} s/conversation  "
               f"[{row['status']}, load {load[0]}]", flush=True)
+        print("            CPU s: " + ", ".join(f"{k} {v}" for k, v in cpu_s.items()), flush=True)
         return row
 
     try:
