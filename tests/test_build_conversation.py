@@ -150,3 +150,30 @@ def test_a_conversation_grown_by_a_session_embeds_only_its_new_texts(store: Path
     new_texts = {v.text for v in grown.vectors} - first_texts
     assert len(grown.memory.scenes) > len(first.memory.scenes) and new_texts
     assert sorted(t for call in counting.calls for t in call) == sorted(new_texts)
+
+
+def test_a_conversation_s_usage_rows_are_committed_when_it_is_built(store: Path) -> None:
+    """The build's ledger defers its rows (one transaction for many); a built conversation's rows are
+    committed before it is reported built, so a reader of the store sees every call it made."""
+    from tmem.llm.response_cache import CachedChatModel
+    from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger
+
+    fake = FakeChatModel()
+    con = connect(store)
+    ledger = DuckUsageLedger(con, deferred=True, linger_s=60.0)  # nothing commits by lingering in this test
+    settings = load_settings(store=store)
+    chat = CachedChatModel(fake, cache=DuckResponseCache(con), ledger=ledger, run_id="r1")
+    rt = BuildRuntime(spec=BuildSpec.resolve(store, settings), settings=settings, run_id="r1", con=con, chat=chat,
+                      embedder=HashEmbedder(), stages=StageCache.of_store(store),
+                      fingerprint=build_fingerprint(settings, fake.model_name), ledger=ledger)
+    try:
+        build_conversation(rt, CID)
+        reader = con.cursor()
+        try:
+            row = reader.execute("SELECT count(*) FROM llm_usage WHERE run_id = 'r1' AND conversation_id = ?",
+                                 [CID]).fetchone()
+        finally:
+            reader.close()
+    finally:
+        con.close()
+    assert row == (len(fake.calls),) and len(fake.calls) > 0

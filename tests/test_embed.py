@@ -296,6 +296,9 @@ def test_a_threads_limited_embedder_uses_its_count_only_during_its_calls(minilm:
         def get_embedding_dimension(self) -> int:
             return int(self.inner.get_embedding_dimension())
 
+        def __getattr__(self, name: str) -> Any:  # the tokenizer and max_seq_length the batching reads
+            return getattr(self.inner, name)
+
     limited = SentenceTransformerEmbedder(threads=1)
     limited._model = Spy(minilm._load())  # type: ignore[assignment]
     default = SentenceTransformerEmbedder()

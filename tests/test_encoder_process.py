@@ -1,4 +1,5 @@
-"""The build's encoder in a child process: same rows, errors named, no child left behind."""
+"""The build's encoder in child processes: same rows, errors named, no child left behind; the pool's
+shares and the token-budget batches."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tmem.build.runtime import _embedder
+from tmem.build.runtime import _embedder, encoder_layout
 from tmem.errors import EmbeddingError
-from tmem.providers.encoder_process import EncoderProcess, EncoderSpec
-from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
+from tmem.providers.encoder_process import EncoderPool, EncoderProcess, EncoderSpec, length_shares
+from tmem.providers.sentence_transformer import SentenceTransformerEmbedder, token_batches
 from tmem.settings import load_settings
 
 TEXTS = ["Ana glazed a bowl in the pottery class.", "Ben ran his first marathon in Berlin.", "", "ok"]
@@ -85,7 +86,7 @@ def test_close_ends_the_child(encoder: EncoderProcess) -> None:
 
 def test_a_parent_killed_with_sigkill_leaves_no_encoder() -> None:
     script = (
-        "from tmem.providers.encoder_process import EncoderProcess, EncoderSpec\n"
+        "from tmem.providers.encoder_process import EncoderPool, EncoderProcess, EncoderSpec, length_shares\n"
         "e = EncoderProcess(EncoderSpec('all-MiniLM-L6-v2'))\n"
         "e.embed(['x'])\n"
         "print(e.pid, flush=True)\n"
@@ -103,11 +104,81 @@ def test_a_parent_killed_with_sigkill_leaves_no_encoder() -> None:
         parent.kill()
 
 
-def test_the_publishers_build_encoder_is_the_child_when_turned_on() -> None:
-    on = _embedder(load_settings(embedding_process="on"), 0, own_process=True)
-    assert isinstance(on, EncoderProcess) and on.pid is None  # started on first use, not here
-    assert on.spec == EncoderSpec("all-MiniLM-L6-v2", 64, "cpu", 0)
-    assert load_settings().embedding_process == "off"
-    assert isinstance(_embedder(load_settings(), 0, own_process=True), SentenceTransformerEmbedder)
-    # a Dask worker (a daemon process, which may start no child) keeps its encoder in-process
-    assert isinstance(_embedder(load_settings(embedding_process="on"), 1), SentenceTransformerEmbedder)
+def test_the_build_encoder_is_a_pool_of_single_threaded_children_by_default() -> None:
+    on = _embedder(load_settings(), worker=False, cores=2)
+    assert isinstance(on, EncoderPool) and len(on.children) == 2
+    assert on.spec == EncoderSpec("all-MiniLM-L6-v2", 64, "cpu", 1, 2048)
+    assert encoder_layout(load_settings(), worker=False, cores=2) == (2, 1)
+    assert encoder_layout(load_settings(), worker=False, cores=16) == (4, 4)  # at most 4 model copies
+    assert encoder_layout(load_settings(embedding_processes=1), worker=False, cores=2) == (1, 2)
+    assert encoder_layout(load_settings(embedding_processes=2, embedding_threads=3), worker=False, cores=2) == (2, 3)
+    # a local Dask worker's share of the cores; an external cluster's worker embeds in its process
+    assert encoder_layout(load_settings(dask_workers=2), worker=True, cores=2) == (1, 1)
+    assert encoder_layout(load_settings(dask_workers=2), worker=True, cores=8) == (4, 1)
+    assert encoder_layout(load_settings(dask_workers=2, dask_address="tcp://10.0.0.5:8786"), worker=True,
+                          cores=8) == (0, 0)
+    # 0: in the build's process, as another provider's embedder always is
+    assert isinstance(_embedder(load_settings(embedding_processes=0), worker=False, cores=2),
+                      SentenceTransformerEmbedder)
+    assert encoder_layout(load_settings(embedding_processes=0), worker=True, cores=2) == (0, 1)
+    assert encoder_layout(load_settings(embedding_provider="other"), worker=False, cores=2) == (0, 0)
+
+
+def test_a_pool_embeds_what_one_model_embeds_with_every_child_taking_shares() -> None:
+    texts = [f"{'a long sentence about pottery and marathons ' * (n % 9)}item {n}" for n in range(300)]
+    pool = EncoderPool(EncoderSpec("all-MiniLM-L6-v2", 16, "cpu", 1), 2)
+    try:
+        rows = pool.embed(texts)
+        assert all(pid is not None for pid in pool.pids) and len(set(pool.pids)) == 2  # both children served
+        here = SentenceTransformerEmbedder("all-MiniLM-L6-v2")
+        np.testing.assert_allclose(rows, here.embed(texts), atol=1e-5)
+        assert pool.embed([]).shape == (0, 384) and pool.embed(["one"]).shape == (1, 384)
+    finally:
+        pool.close()
+    assert pool.pids == [None, None]
+
+
+def test_a_pool_whose_child_dies_raises_and_the_next_call_restarts_it() -> None:
+    texts = [f"text number {n} " * (1 + n % 5) for n in range(200)]
+    pool = EncoderPool(EncoderSpec("all-MiniLM-L6-v2", 16, "cpu", 1), 2)
+    try:
+        pool.start()
+        first = pool.embed(texts)
+        victim = pool.pids[1]
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        assert _gone(victim)
+        with pytest.raises(EmbeddingError, match="ended"):
+            pool.embed(texts)
+        np.testing.assert_allclose(pool.embed(texts), first, atol=1e-6)
+        assert victim not in pool.pids
+    finally:
+        pool.close()
+
+
+def test_length_shares_are_longest_first_and_cover_every_text_once() -> None:
+    lengths = [5, 400, 30, 30, 1200, 7, 90, 90, 3, 250]
+    shares = length_shares(lengths, 4, 2)
+    assert sorted(i for share in shares for i in share) == list(range(len(lengths)))
+    flat = [lengths[i] for share in shares for i in share]
+    assert flat == sorted(lengths, reverse=True)
+    assert all(len(share) >= 2 for share in shares[:-1]) and len(shares) <= 4
+    assert len(shares[0]) <= len(shares[-1])  # the longest texts come in the smallest shares
+
+
+def test_token_batches_keep_each_batch_within_the_budget() -> None:
+    lengths = [256, 12, 200, 9, 40, 41, 256, 3, 100, 15] * 10
+    batches = token_batches(lengths, 1024, 64)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        assert len(batch) <= 64 and (len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 1024)
+    assert [lengths[b[0]] for b in batches] == sorted((lengths[b[0]] for b in batches), reverse=True)
+    assert len(batches[0]) == 4 and len(batches[-1]) > 4 * len(batches[0])  # long texts in small batches, short in large
+    assert token_batches([5000, 10], 1024, 64) == [[0], [1]]  # a text beyond the budget goes alone
+
+
+def test_token_batches_embed_what_sentence_transformers_own_batches_embed() -> None:
+    texts = [("word " * (n * 7 % 180)) + f"end {n}" for n in range(120)]
+    budgeted = SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_tokens=512)
+    plain = SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_tokens=0)
+    np.testing.assert_allclose(budgeted.embed(texts), plain.embed(texts), atol=1e-5)

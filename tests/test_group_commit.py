@@ -141,3 +141,64 @@ def test_one_key_stored_twice_at_once_keeps_one_row(tmp_path: Path) -> None:
     assert cache.count() == 1 and cache.get("same") is not None
     cache.put(_entry("same", '{"n": "last"}'))
     assert cache.get("same") == '{"n": "last"}'
+
+
+def test_deferred_rows_return_at_once_and_share_one_transaction_within_the_linger(tmp_path: Path) -> None:
+    con = _table(tmp_path)
+    rounds: list[list[int]] = []
+
+    def write(cur: duckdb.DuckDBPyConnection, rows: list[int]) -> None:
+        rounds.append(list(rows))
+        cur.execute("INSERT INTO rows SELECT unnest(?::INTEGER[])", [rows])
+
+    group = GroupCommit(con, write, cursor_lock=threading.Lock(), name="later", linger_s=5.0)
+    started = time.monotonic()
+    for v in range(50):
+        group.write_later(v)
+    assert time.monotonic() - started < 1.0  # nobody waited for a commit
+    assert con.execute("SELECT count(*) FROM rows").fetchone() == (0,)  # lingering, not yet committed
+    group.flush()  # a waiting caller ends the linger: everything queued before it commits now
+    assert time.monotonic() - started < 4.0
+    assert con.execute("SELECT count(*) FROM rows").fetchone() == (50,)
+    assert rounds == [list(range(50))] and group.rounds == 1
+    group.write(50)  # a synchronous row after them: its own round, committed on return
+    assert con.execute("SELECT count(*) FROM rows").fetchone() == (51,)
+
+
+def test_deferred_rows_are_committed_after_the_linger_without_a_flush(tmp_path: Path) -> None:
+    con = _table(tmp_path)
+    group = GroupCommit(con, HeldWriter(), cursor_lock=threading.Lock(), name="later", linger_s=0.2)
+    group._write_rows.release.set()  # type: ignore[attr-defined]
+    group.write_later(1)
+    group.write_later(2)
+    deadline = time.monotonic() + 10
+    while con.execute("SELECT count(*) FROM rows").fetchone() != (2,) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert con.execute("SELECT count(*) FROM rows").fetchone() == (2,)
+
+
+def test_a_deferred_row_that_fails_is_raised_at_the_next_flush_and_the_others_are_kept(tmp_path: Path) -> None:
+    con = _table(tmp_path)
+    group = GroupCommit(con, HeldWriter(), cursor_lock=threading.Lock(), name="later", linger_s=0.1)
+    group._write_rows.release.set()  # type: ignore[attr-defined]
+    for v in (1, -2, 3):  # -2 breaks the CHECK
+        group.write_later(v)
+    with pytest.raises(duckdb.ConstraintException):
+        group.flush()
+    group.flush()  # raised once: the next flush has nothing to report
+    assert sorted(int(r[0]) for r in con.execute("SELECT v FROM rows").fetchall()) == [1, 3]
+
+
+def test_a_deferred_ledger_commits_at_flush_and_its_summary_sees_every_row(tmp_path: Path) -> None:
+    con = connect(tmp_path / "store")
+    ledger = DuckUsageLedger(con, deferred=True, linger_s=30.0)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: ledger.record(_usage(n)), range(40)))
+    reader = con.cursor()
+    try:
+        assert reader.execute("SELECT count(*) FROM llm_usage").fetchone() == (0,)  # recorded, not yet committed
+    finally:
+        reader.close()
+    summary = ledger.summary("run-1")  # flushes first
+    assert summary["segment"].calls + summary["topics"].calls == 40 and ledger.writes.rounds == 1
+    assert not DuckUsageLedger(con).deferred  # other users keep a row committed on return

@@ -15,7 +15,7 @@ from tmem.errors import ConfigError
 from tmem.llm.bounded import BoundedChatModel
 from tmem.llm.cached_embedder import CachedEmbedder
 from tmem.llm.response_cache import CachedChatModel
-from tmem.ports import BatchableChatModel, ChatModel, Embedder, EmbeddingCache, MeteredChatModel
+from tmem.ports import BatchableChatModel, ChatModel, Embedder, EmbeddingCache, MeteredChatModel, UsageLedger
 from tmem.providers.registry import ChatProvider, chat_provider, embedder_factory
 from tmem.settings import Role, Settings
 
@@ -23,8 +23,10 @@ if TYPE_CHECKING:
     import duckdb
 
 
-def chat_model_for(settings: Settings, role: Role, con: duckdb.DuckDBPyConnection | None, run_id: str) -> ChatModel:
-    """The role's chat model: the provider's adapter, cached and metered in ``con`` when given."""
+def chat_model_for(settings: Settings, role: Role, con: duckdb.DuckDBPyConnection | None, run_id: str, *,
+                   ledger: UsageLedger | None = None) -> ChatModel:
+    """The role's chat model: the provider's adapter, cached and metered in ``con`` when given
+    (``ledger``: the usage ledger to meter into, default a :class:`DuckUsageLedger` on ``con``)."""
     from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger
 
     provider = chat_provider(settings, role)
@@ -34,7 +36,8 @@ def chat_model_for(settings: Settings, role: Role, con: duckdb.DuckDBPyConnectio
     if con is None:
         cached = CachedChatModel(inner, cache=None, ledger=None, run_id=run_id)
     else:
-        cached = CachedChatModel(inner, cache=DuckResponseCache(con), ledger=DuckUsageLedger(con), run_id=run_id)
+        cached = CachedChatModel(inner, cache=DuckResponseCache(con), ledger=ledger or DuckUsageLedger(con),
+                                 run_id=run_id)
     if batch_ops:
         return cached  # the batching adapter bounds its synchronous calls; batched callers only wait
     return BoundedChatModel(cached, settings.llm_concurrency)

@@ -143,7 +143,13 @@ class Settings(BaseSettings, CascadeBudgets):
     embedding_provider: str = Field(
         "sentence-transformers", description="The embedder's provider (tmem/providers/registry.py)."
     )
-    embedding_batch_size: int = Field(64, ge=1)
+    embedding_batch_size: int = Field(64, ge=1, description="Texts per model batch at most.")
+    embedding_batch_tokens: int = Field(
+        2048, ge=0,
+        description="Padded word pieces per model batch at most (longest texts first, so long texts go in small "
+        "batches and short ones in large; tmem/providers/sentence_transformer.py token_batches). 0: batches of "
+        "embedding_batch_size texts, as sentence-transformers cuts them.",
+    )
     embedding_device: str = Field("cpu")
     embedding_threads: int = Field(
         0, ge=0,
@@ -151,12 +157,14 @@ class Settings(BaseSettings, CascadeBudgets):
         "cluster, whose workers share the cores (cores // dask_workers each, bench/embed_build.py).",
     )
 
-    embedding_process: OnOff = Field(
-        "off",
-        description="on: a build's sentence-transformers encoder runs in a child process of its own (its own GIL; "
-        "tmem/providers/encoder_process.py), not in the build's threads; a Dask worker keeps its encoder in-process. "
-        "Off by default: at 1,000 conversations on 2 cores it moved the nightly from 2.33x to 2.23x its embedding "
-        "time, within the run-to-run spread.",
+    embedding_processes: int | Literal["auto"] = Field(
+        "auto",
+        description="Child processes running a build's sentence-transformers encoder, each taking the next batch "
+        "of a call's texts (tmem/providers/encoder_process.py). auto: one per core of this process's share, at most "
+        "4, each with cores // processes torch threads (a local Dask worker's share is cores // dask_workers; a "
+        "worker of an external cluster embeds in-process). 0: the encoder runs in the build's own process. On 2 "
+        "cores two single-threaded children took the nightly of 1,000 conversations from 2.3x its embedding time "
+        "to the figure in the README (bench/nightly_scale.py).",
     )
 
     build_concurrency: int = Field(
@@ -218,6 +226,13 @@ class Settings(BaseSettings, CascadeBudgets):
                 f"TMEM_LLM_BATCH_STAGES names {unknown}: only operations off the serial path can be batched "
                 f"({', '.join(BATCHABLE_OPERATIONS)}); segmentation and topic admission wait on each answer"
             )
+        return value
+
+    @field_validator("embedding_processes")
+    @classmethod
+    def _processes_not_negative(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"TMEM_EMBEDDING_PROCESSES={value}: give auto, 0 (in the build's process) or a count")
         return value
 
     @model_validator(mode="after")

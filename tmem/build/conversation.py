@@ -124,6 +124,7 @@ def build_conversation(rt: BuildRuntime, conversation_id: str, observer: StageOb
         )
         vectors = stages.run(Unit("embed", cid, {}, lambda: StageOutcome(embed_memory_views(memory, by_id, rt.embedder)),
                                   None), lambda v: f"{len(v)} vectors")
+        rt.flush_ledger()  # the conversation's usage rows committed before it is reported built
         return ConversationBuild(memory=memory, vectors=vectors, watermark_turn_seq=max(t.seq for t in turns),
                                  notes=stages.notes, quarantined=stages.quarantined,
                                  seconds=time.perf_counter() - started)

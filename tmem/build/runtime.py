@@ -19,6 +19,7 @@ Two kinds:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from tmem.build.spec import BuildSpec, build_fingerprint
 from tmem.bundle import chat_model_for
+from tmem.errors import EmbeddingError
 from tmem.llm.bounded import BoundedChatModel
 from tmem.llm.embed_queue import CoalescingEmbedder
 from tmem.ports import ChatModel, Embedder, OperationUsage
@@ -41,7 +43,12 @@ if TYPE_CHECKING:
 
     from tmem.llm.journal import WorkJournal
     from tmem.ports import JournalBatch
+    from tmem.providers.encoder_process import EncoderPool
     from tmem.store.lance import VectorStore
+    from tmem.store.llm_cache import DuckUsageLedger
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,16 +63,22 @@ class BuildRuntime:
     fingerprint: str
     journal: WorkJournal | None = None  # set on a Dask worker: what it would have written to the store
     embed_queue: CoalescingEmbedder | None = None  # the one worker every conversation's new texts go through
+    ledger: DuckUsageLedger | None = None  # the publisher's (deferred) usage ledger, flushed per conversation
 
     @property
     def store(self) -> Path:
         return self.spec.store_path
 
     def usage(self) -> dict[str, OperationUsage]:
-        """This run's LLM usage per operation, from the ledger."""
+        """This run's LLM usage per operation, from the ledger (its deferred rows committed first)."""
         from tmem.store.llm_cache import DuckUsageLedger
 
-        return DuckUsageLedger(self.con).summary(self.run_id)
+        return (self.ledger or DuckUsageLedger(self.con)).summary(self.run_id)
+
+    def flush_ledger(self) -> None:
+        """Commit the usage rows recorded so far (a conversation's, as it finishes)."""
+        if self.ledger is not None:
+            self.ledger.flush()
 
     def vectors(self) -> VectorStore:
         from tmem.store.lance import VectorStore
@@ -76,33 +89,70 @@ class BuildRuntime:
 def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     """The runtime over the working database (this process becomes the store's writer)."""
     from tmem.store.duck import connect
+    from tmem.store.llm_cache import DuckUsageLedger
 
     settings = spec.load_settings()
     con = connect(settings.store)
-    chat = chat_model_for(settings, "build", con, run_id)
-    queue = CoalescingEmbedder(_embedder(settings, embedding_threads(settings, worker=False), own_process=True),
+    ledger = DuckUsageLedger(con, deferred=True)
+    chat = chat_model_for(settings, "build", con, run_id, ledger=ledger)
+    queue = CoalescingEmbedder(_embedder(settings, worker=False),
                                cache=DuckEmbeddingCache(con))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=chat,
         embedder=queue, stages=StageCache.of_store(settings.store),
-        fingerprint=build_fingerprint(settings, chat.model_name), embed_queue=queue,
+        fingerprint=build_fingerprint(settings, chat.model_name), embed_queue=queue, ledger=ledger,
     )
 
 
-def _embedder(settings: Settings, threads: int, *, own_process: bool = False) -> Embedder:
-    """The build's encoder; with ``own_process`` and ``embedding_process`` on, the built-in
-    sentence-transformers one runs in this process's encoder child (a Dask worker, a daemon
-    process, may start none)."""
-    if own_process and settings.embedding_process == "on" and settings.embedding_provider == "sentence-transformers":
-        from tmem.providers.encoder_process import EncoderSpec, shared_encoder
+def _embedder(settings: Settings, *, worker: bool, cores: int | None = None) -> Embedder:
+    """This process's build encoder, laid out by :func:`encoder_layout`: a pool of encoder
+    children (the built-in sentence-transformers provider), else the provider's embedder here."""
+    processes, threads = encoder_layout(settings, worker=worker, cores=cores)
+    if processes:
+        from tmem.providers.encoder_process import EncoderSpec, shared_pool
 
-        return shared_encoder(EncoderSpec(settings.embedding_model, settings.embedding_batch_size,
-                                          settings.embedding_device, threads))
+        pool = shared_pool(EncoderSpec(settings.embedding_model, settings.embedding_batch_size,
+                                       settings.embedding_device, threads, settings.embedding_batch_tokens), processes)
+        # the children load the model while the first conversations wait for their LLM answers
+        threading.Thread(target=_start_pool, args=(pool,), name="tmem-encoder-start", daemon=True).start()
+        return pool
     return embedder_factory(settings)(settings, threads)
 
 
+def _start_pool(pool: EncoderPool) -> None:
+    try:
+        pool.start()
+    except EmbeddingError as exc:
+        # not lost: a child that cannot start raises the same error at the build's first embedding call
+        log.debug("the encoder pool did not start ahead of the build: %s", exc)
+
+
+MAX_AUTO_ENCODERS = 4  # beyond it a child gets more threads, not a model copy of its own (~0.4 GB each)
+
+
+def encoder_layout(settings: Settings, *, worker: bool, cores: int | None = None) -> tuple[int, int]:
+    """``(processes, torch threads)`` of this process's build encoder; 0 processes: in this process.
+
+    ``TMEM_EMBEDDING_PROCESSES=auto`` gives the process's share of the cores to single-threaded
+    encoder children, one per core up to :data:`MAX_AUTO_ENCODERS` (then more threads each): on 2
+    cores two children embed more per second than one two-threaded model and lose less of it beside
+    the build's own work (:mod:`tmem.providers.encoder_process`). A worker of the local Dask cluster
+    shares the machine with ``dask_workers - 1`` others, so its share is ``cores // dask_workers``; a
+    worker of an external cluster (``dask_address``) cannot know its neighbours and embeds in its own
+    process at torch's default, as does an embedder of another provider."""
+    share = (cores or os.cpu_count() or 1) // (settings.dask_workers if worker else 1)
+    share = max(1, share)
+    wanted = settings.embedding_processes
+    if settings.embedding_provider != "sentence-transformers" or wanted == 0 or (
+            wanted == "auto" and worker and settings.dask_address):
+        return 0, embedding_threads(settings, worker=worker, cores=cores)
+    processes = min(share, MAX_AUTO_ENCODERS) if wanted == "auto" else int(wanted)
+    return processes, settings.embedding_threads or max(1, share // processes)
+
+
 def embedding_threads(settings: Settings, *, worker: bool, cores: int | None = None) -> int:
-    """Torch threads of this process's build embedder (0: torch's default, every core).
+    """Torch threads of a build embedder running in the build's own process (0: torch's default,
+    every core).
 
     ``TMEM_EMBEDDING_THREADS`` when set. A worker of the local Dask cluster shares the machine with
     ``dask_workers - 1`` others embedding at the same time: each left at torch's default runs as
@@ -137,7 +187,7 @@ def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRu
         ledger=JournalingUsageLedger(journal),
         run_id=run_id,
     )
-    queue = CoalescingEmbedder(_embedder(settings, embedding_threads(settings, worker=True)),
+    queue = CoalescingEmbedder(_embedder(settings, worker=True),
                                cache=JournalingEmbeddingCache(DuckEmbeddingCache(con), journal))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=BoundedChatModel(cached, settings.llm_concurrency),
@@ -188,5 +238,8 @@ def release(spec: BuildSpec, run_id: str, exchange: str | None = None) -> Journa
     left = found.journal.drain() if found.journal is not None else None
     if found.embed_queue is not None:
         found.embed_queue.close()
-    found.con.close()
+    try:
+        found.flush_ledger()
+    finally:
+        found.con.close()
     return left

@@ -1,35 +1,43 @@
-"""The build's sentence-transformers encoder in a process of its own.
+"""The build's sentence-transformers encoder in processes of its own: one child, or a pool of them.
 
 A build embeds from one thread (:mod:`tmem.llm.embed_queue`) while dozens of others run the
-conversations' LLM calls, cache writes and Prefect bookkeeping. The model's forward pass is a few
-hundred small torch calls per batch, each one giving up the GIL and taking it back; with the other
-threads holding it in turn (5 ms switch interval) the encoder waits at every step. At 1,000
-synthetic conversations the nightly's texts took 871 s inside the build against 407 s embedded alone
-afterwards (``bench/results/nightly_scale-threads-postgres-1000.json``), and the nightly was 2.3x
-its embedding time. In a child process the encoder has a GIL of its own: the build process only
-sends texts and receives rows over a pipe (a 2,048-text call is 3 MB of float32).
+conversations' LLM calls, cache writes and Prefect bookkeeping. Inside the build process the
+model's forward pass — a few hundred small torch calls per batch, each giving up the GIL and taking
+it back — waits for the GIL at every step, and torch's OpenMP threads stall at every barrier where
+one of them lost its core to the build's own work. At 1,000 synthetic conversations on 2 cores the
+nightly's texts took 871 s inside the build against 407 s alone (``bench/nightly_scale.py``).
 
-One child per model configuration and parent process, started on first use (``spawn``: the
-parent runs threads, and a forked child would inherit their locks) and reused by every build the
-process runs, so a test session or a long-lived worker pays the ~6 s torch import once. The child
-ends when the parent closes the pipe (at exit, or when the parent dies: its ``recv`` sees the end
-of the pipe), so a killed build leaves no encoder behind. An error in the child (the model cannot
-load, an encode fails) is raised in the caller as :class:`~tmem.errors.EmbeddingError` with the
-child's message; a child that died is named with its exit code, and the next call starts a new one.
+:class:`EncoderPool` runs ``processes`` children, each a single-threaded (or few-threaded) model
+with a GIL of its own. A call's texts are sorted longest first and cut into model batches; each
+child takes the next batch as soon as it is free, so a child that lost its core to the build only
+delays its own batch, never a barrier shared with the others, and the batches of similar length
+pad little. Measured alone on 2 cores, two single-threaded children embed ~20 % more texts per
+second than one two-threaded process (torch's intra-op threads cost their synchronisation), and
+beside a busy build they keep more of it (``bench/nightly_scale.py``, ``bench/encoder_pool.py``).
 
-Off by default (``TMEM_EMBEDDING_PROCESS=on``): on this 2-core machine the nightly of 1,000
-conversations went from 946 s (2.33x the texts' embedding time alone) to 815 s (2.23x), the texts
-still taking 2.0x their alone time inside the build: the cores, not the GIL, are what the
-encoder shares with the build's own work (~0.7 core for 10,870 LLM calls' client, validation,
-cache and ledger writes). It separates the two where the build process has cores to spare.
+:class:`EncoderProcess` is one child: started on first use with ``subprocess`` (this interpreter running
+:func:`main`, not ``multiprocessing``: a Dask worker is a daemon process, which
+``multiprocessing`` forbids to have children), talking over a socket pair. The child ends when the
+parent closes its end (at exit, or when the parent dies: the child's ``recv`` sees the end of the
+socket), so a killed build leaves no encoder behind. An error in the child (the model cannot load,
+an encode fails) is raised in the caller as :class:`~tmem.errors.EmbeddingError` with the child's
+message; a child that died is named with its exit code, and the next call starts a new one.
+
+One pool per configuration and parent process (:func:`shared_pool`), reused by every build the
+process runs, so a test session or a long-lived worker pays the ~5 s torch import per child once.
 """
 
 from __future__ import annotations
 
 import atexit
-import multiprocessing as mp
+import itertools
+import json
+import socket
+import subprocess
+import sys
 import threading
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -41,21 +49,23 @@ from tmem.errors import EmbeddingError
 
 @dataclass(frozen=True)
 class EncoderSpec:
-    """What the child builds its :class:`SentenceTransformerEmbedder` from (picklable)."""
+    """What a child builds its :class:`SentenceTransformerEmbedder` from (JSON on its command line)."""
 
     model: str
     batch_size: int = 64
     device: str = "cpu"
-    threads: int = 0
+    threads: int = 0  # torch threads in the child; 0: torch's default
+    batch_tokens: int = 2048  # padded word pieces per model batch (SentenceTransformerEmbedder)
 
 
 def _serve(conn: Connection, spec: EncoderSpec) -> None:
-    """The child: load the model, say its width and input limit, then embed until the pipe closes."""
+    """The child: load the model, say its width and input limit, then embed until the socket closes."""
     from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
 
     try:
         embedder = SentenceTransformerEmbedder(
-            spec.model, batch_size=spec.batch_size, device=spec.device, threads=spec.threads
+            spec.model, batch_size=spec.batch_size, device=spec.device, threads=spec.threads,
+            batch_tokens=spec.batch_tokens,
         )
         conn.send(("ready", {"dim": embedder.dim, "max_input_tokens": embedder.max_input_tokens}))
     except BaseException as exc:  # noqa: BLE001 -- not swallowed: sent to the parent, which raises it
@@ -75,16 +85,16 @@ def _serve(conn: Connection, spec: EncoderSpec) -> None:
 
 
 class EncoderProcess:
-    """An :class:`~tmem.ports.Embedder` whose model runs in a child process (see the module).
+    """An :class:`~tmem.ports.Embedder` whose model runs in one child process (see the module).
 
-    Calls are serialised (the build's embedding queue makes one at a time anyway)."""
+    Calls are serialised (each is a round trip with the one child)."""
 
     def __init__(self, spec: EncoderSpec, *, start_timeout_s: float = 600.0) -> None:
         self.spec = spec
         self.start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
         self._conn: Connection | None = None
-        self._process: Any = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._info: dict[str, Any] | None = None
 
     @property
@@ -103,7 +113,8 @@ class EncoderProcess:
     @property
     def pid(self) -> int | None:
         """The child's process id while one runs."""
-        return self._process.pid if self._process is not None and self._process.is_alive() else None
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
 
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         if not texts:
@@ -134,10 +145,16 @@ class EncoderProcess:
                     pass  # already gone: nothing to stop
                 conn.close()
             if process is not None:
-                process.join(10)
-                if process.is_alive():
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
                     process.terminate()
-                    process.join(5)
+                    process.wait(5)
+
+    def start(self) -> None:
+        """Start the child now if none runs (a call would start it)."""
+        with self._lock:
+            self._start_locked()
 
     def _started(self) -> dict[str, Any]:
         if self._info is not None:  # the same spec: the same width and limit in any child
@@ -148,21 +165,26 @@ class EncoderProcess:
             return self._info
 
     def _start_locked(self) -> Connection:
-        if self._conn is not None and self._process is not None and self._process.is_alive():
+        if self._conn is not None and self._process is not None and self._process.poll() is None:
             return self._conn
         if self._conn is not None:  # died between calls: say so, the next call starts anew
             raise self._died()
-        context = mp.get_context("spawn")
-        parent, child = context.Pipe()
-        process = context.Process(target=_serve, args=(child, self.spec), name="tmem-encoder", daemon=True)
-        process.start()
-        child.close()
+        ours, theirs = socket.socketpair()
+        try:
+            process = subprocess.Popen(_child_command(theirs.fileno(), self.spec), pass_fds=(theirs.fileno(),),
+                                       stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            ours.close()
+            raise EmbeddingError(self.spec.model, f"the encoder process could not start: {exc}") from exc
+        finally:
+            theirs.close()
+        parent = Connection(ours.detach())
         self._conn, self._process = parent, process
         kind, payload = self._receive(parent, timeout=self.start_timeout_s)
         if kind != "ready":
             self._conn = self._process = None
             parent.close()
-            process.join(5)
+            process.wait(5)
             raise EmbeddingError(self.spec.model, f"the encoder process could not start: {payload}")
         self._info = payload
         return parent
@@ -182,26 +204,135 @@ class EncoderProcess:
         self._conn = self._process = None
         if conn is not None:
             conn.close()
+        code = None
         if process is not None:
-            process.join(5)
-        code = None if process is None else process.exitcode
+            try:
+                code = process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait(5)
         return EmbeddingError(self.spec.model, f"the encoder process ended (exit code {code}); the next call starts a new one")
 
 
-_SHARED: dict[EncoderSpec, EncoderProcess] = {}
+def _child_command(fd: int, spec: EncoderSpec) -> list[str]:
+    """The child's command line: this interpreter, importing ``tmem`` from where this process did
+    (a parent may have found it through its own ``sys.path``)."""
+    from pathlib import Path
+
+    import tmem
+
+    root = str(Path(tmem.__file__).resolve().parent.parent)
+    code = f"import sys; sys.path.insert(0, {root!r}); from tmem.providers.encoder_process import main; main(sys.argv[1:])"
+    return [sys.executable, "-c", code, str(fd), json.dumps(asdict(spec))]
+
+
+class EncoderPool:
+    """An :class:`~tmem.ports.Embedder` over ``processes`` :class:`EncoderProcess` children: a call's
+    texts, longest first, in shares of about equal length, each share to the next free child."""
+
+    SHARES_PER_CHILD = 4  # enough that a child slowed by the build's work leaves the rest to the others
+
+    def __init__(self, spec: EncoderSpec, processes: int) -> None:
+        if processes < 1:
+            raise EmbeddingError(spec.model, f"an encoder pool needs at least one process, got {processes}")
+        self.spec = spec
+        self.children = [EncoderProcess(spec) for _ in range(processes)]
+        self._feeders = ThreadPoolExecutor(max_workers=processes, thread_name_prefix="tmem-encoder-feed")
+        self._lock = threading.Lock()  # one call at a time: each child serves one stream of shares
+
+    @property
+    def model_name(self) -> str:
+        return self.spec.model
+
+    @property
+    def dim(self) -> int:
+        return self.children[0].dim
+
+    @property
+    def max_input_tokens(self) -> int | None:
+        return self.children[0].max_input_tokens
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [child.pid for child in self.children]
+
+    def start(self) -> None:
+        """Start every child now (they load the model side by side), rather than each on its first share."""
+        for found in [self._feeders.submit(child.start) for child in self.children]:
+            found.result()
+
+    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        shares = length_shares([len(t) for t in texts], len(self.children) * self.SHARES_PER_CHILD,
+                               self.spec.batch_size)
+        with self._lock:
+            if len(shares) == 1 or len(self.children) == 1:
+                return self.children[0].embed(list(texts))
+            rows = np.zeros((len(texts), self.dim), dtype=np.float32)
+            taken = itertools.count()  # the next share; next() on a count is atomic under the GIL
+            failed = threading.Event()
+
+            def drain(child: EncoderProcess) -> None:
+                while not failed.is_set() and (n := next(taken)) < len(shares):
+                    try:
+                        rows[shares[n]] = child.embed([texts[i] for i in shares[n]])
+                    except BaseException:
+                        failed.set()  # the other children stop after their current share
+                        raise
+
+            feeds: list[Future[None]] = [self._feeders.submit(drain, child) for child in self.children]
+            errors = [exc for f in feeds if (exc := f.exception()) is not None]
+        if errors:
+            raise errors[0]
+        return rows
+
+    def close(self) -> None:
+        for child in self.children:
+            child.close()
+
+
+def length_shares(lengths: list[int], shares: int, min_texts: int) -> list[list[int]]:
+    """Indices of texts of ``lengths`` characters, longest first, cut into about ``shares`` runs of
+    about equal total length (at least ``min_texts`` texts each, but the last): the longest texts,
+    which cost the most, come in the smallest runs and go first, so the children finish together."""
+    order = sorted(range(len(lengths)), key=lambda n: (-lengths[n], n))
+    target = max(1, sum(lengths) // max(1, shares))
+    runs: list[list[int]] = []
+    run: list[int] = []
+    size = 0
+    for n in order:
+        run.append(n)
+        size += lengths[n]
+        if size >= target and len(run) >= min_texts:
+            runs.append(run)
+            run, size = [], 0
+    if run:
+        runs.append(run)
+    return runs
+
+
+_SHARED: dict[tuple[EncoderSpec, int], EncoderPool] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_encoder(spec: EncoderSpec) -> EncoderProcess:
-    """This process's encoder child for ``spec``, created on first use, ended at exit."""
+def shared_pool(spec: EncoderSpec, processes: int) -> EncoderPool:
+    """This process's pool of ``processes`` encoder children for ``spec``, created on first use
+    (each child starts on its first batch), ended at exit."""
     with _SHARED_LOCK:
-        found = _SHARED.get(spec)
+        found = _SHARED.get((spec, processes))
         if found is None:
-            found = _SHARED[spec] = EncoderProcess(spec)
+            found = _SHARED[spec, processes] = EncoderPool(spec, processes)
         return found
 
 
 @atexit.register
 def _close_shared() -> None:
-    for encoder in list(_SHARED.values()):
-        encoder.close()
+    for pool in list(_SHARED.values()):
+        pool.close()
+
+
+def main(argv: list[str]) -> None:
+    """The child's entry point, given the socket's descriptor and the spec as JSON (:func:`_child_command`)."""
+    fd, spec = int(argv[0]), EncoderSpec(**json.loads(argv[1]))
+    _serve(Connection(fd), spec)

@@ -121,18 +121,35 @@ class DuckResponseCache(_Serialised):
 
 
 class DuckUsageLedger(_Serialised):
-    """:class:`~tmem.ports.UsageLedger` on table ``llm_usage`` (of a migrated working database)."""
+    """:class:`~tmem.ports.UsageLedger` on table ``llm_usage`` (of a migrated working database).
 
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+    ``deferred``: :meth:`record` returns at once and its row is committed with others within
+    ``linger_s`` (:meth:`flush` waits for them; :meth:`summary` flushes first). A build's ledger is
+    deferred — its rows are statistics, one per call and per cache hit, and one transaction each
+    cost a nightly of 200 conversations ~10 s of CPU — and flushed as each conversation finishes: a
+    build killed mid-conversation loses at most that conversation's rows of the last ``linger_s``
+    (its answers are in the response cache, whose writes are never deferred). Otherwise each
+    ``record`` returns once its row is committed."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, *, deferred: bool = False, linger_s: float = 1.0) -> None:
         super().__init__(con)
+        self.deferred = deferred
         self.writes: GroupCommit[UsageRecord] = GroupCommit(con, _write_usage_rows, cursor_lock=self._lock,
-                                                            name="llm-usage")
+                                                            name="llm-usage", linger_s=linger_s)
 
     def record(self, record: UsageRecord) -> None:
-        """Returns once the row is committed (rows of concurrent calls share a transaction)."""
-        self.writes.write(record)
+        """Store ``record``: committed on return, or (``deferred``) with the next round."""
+        if self.deferred:
+            self.writes.write_later(record)
+        else:
+            self.writes.write(record)
+
+    def flush(self) -> None:
+        """Every row recorded so far committed; raises a deferred row's error."""
+        self.writes.flush()
 
     def summary(self, run_id: str) -> dict[str, OperationUsage]:
+        self.flush()
         with self._cursor() as cur:
             rows = cur.execute(_SUMMARY, [run_id]).fetchall()
         out: dict[str, OperationUsage] = {}
