@@ -153,7 +153,7 @@ def embedding_seconds(texts: list[str], sample: int, seed: int, settings: list[s
                            ("build_layout", _embedder(build, worker=False))):
         if isinstance(embedder, EncoderPool):
             embedder.start()  # every child, not only the one the warm-up call reaches
-        embedder.embed(chosen[:64])  # load the model and warm up
+        embedder.embed(chosen[:512])  # load the model and warm up (every child of a pool: a share each)
         started = time.perf_counter()
         embedder.embed(chosen)
         took = time.perf_counter() - started

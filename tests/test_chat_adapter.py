@@ -448,3 +448,37 @@ def test_endpoint_reachable_tells_a_live_server_from_a_closed_port(scripted_llm,
         closed_port = sock.getsockname()[1]
     closed = ChatConfig(base_url=f"http://127.0.0.1:{closed_port}/v1", api_key=SecretStr("k"), model="m")
     assert not endpoint_reachable(closed, timeout_s=2.0)
+
+
+def test_a_reply_that_is_not_a_chat_completion_is_rejected_by_name(chat_config: Callable[..., Any]) -> None:
+    """A 200 whose body is not a JSON object (a proxy's HTML page) is a rejection naming the operation,
+    not an empty answer and not a retry."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    seen: list[str] = []
+
+    class Page(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.path)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b"<html>maintenance</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    page = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{page.server_address[1]}/v1"
+        model = OpenAIChatModel(chat_config(SimpleNamespace(url=url), max_retries=3))
+        with pytest.raises(LLMRequestRejectedError, match="other than a chat completion") as info:
+            model.complete(build_prompt(TEXT))
+    finally:
+        page.shutdown()
+    assert info.value.operation == OP and "maintenance" in str(info.value) and seen == ["/v1/chat/completions"]

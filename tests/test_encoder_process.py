@@ -105,9 +105,11 @@ def test_a_parent_killed_with_sigkill_leaves_no_encoder() -> None:
 
 
 def test_the_build_encoder_is_a_pool_of_single_threaded_children_by_default() -> None:
-    on = _embedder(load_settings(), worker=False, cores=2)
+    on = _embedder(load_settings(embedding_batch_size=17), worker=False, cores=2, start=False)  # a pool of its own
     assert isinstance(on, EncoderPool) and len(on.children) == 2
-    assert on.spec == EncoderSpec("all-MiniLM-L6-v2", 64, "cpu", 1, 2048)
+    assert on.spec == EncoderSpec("all-MiniLM-L6-v2", 17, "cpu", 1, 2048)
+    assert on.pids == [None, None]  # not started: a Dask run's publisher starts none unless asked to embed
+    assert _embedder(load_settings(embedding_batch_size=17), worker=False, cores=2, start=False) is on  # one per process
     assert encoder_layout(load_settings(), worker=False, cores=2) == (2, 1)
     assert encoder_layout(load_settings(), worker=False, cores=16) == (4, 4)  # at most 4 model copies
     assert encoder_layout(load_settings(embedding_processes=1), worker=False, cores=2) == (1, 2)

@@ -16,7 +16,7 @@ import pytest
 from tmem.ports import CacheEntry, UsageRecord
 from tmem.store.duck import connect
 from tmem.store.group_commit import GroupCommit
-from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger
+from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger, _write_cache_rows
 
 
 def _table(tmp_path: Path) -> duckdb.DuckDBPyConnection:
@@ -202,3 +202,33 @@ def test_a_deferred_ledger_commits_at_flush_and_its_summary_sees_every_row(tmp_p
     summary = ledger.summary("run-1")  # flushes first
     assert summary["segment"].calls + summary["topics"].calls == 40 and ledger.writes.rounds == 1
     assert not DuckUsageLedger(con).deferred  # other users keep a row committed on return
+
+
+@pytest.mark.parametrize("size", [3, 40])  # one INSERT ... VALUES, and one Arrow table
+def test_a_round_inserts_new_answers_and_replaces_a_stored_one(tmp_path: Path, size: int) -> None:
+    con = connect(tmp_path / "store")
+    cache = DuckResponseCache(con)
+    cache.put(_entry("k0", '{"n": "first"}'))
+    cur = con.cursor()
+    try:
+        cur.begin()
+        _write_cache_rows(cur, [_entry(f"k{n}", f'{{"n": {n}}}') for n in range(size)] + [_entry("k1", '{"n": "again"}')])
+        cur.commit()
+    finally:
+        cur.close()
+    assert cache.count() == size
+    assert cache.get("k0") == '{"n": 0}' and cache.get("k1") == '{"n": "again"}'  # replaced; the last of a round wins
+    assert cache.get(f"k{size - 1}") == f'{{"n": {size - 1}}}'
+
+
+def test_a_cache_that_knows_its_keys_answers_an_unknown_key_without_the_table(tmp_path: Path) -> None:
+    con = connect(tmp_path / "store")
+    DuckResponseCache(con).put(_entry("before", '{"n": 1}'))
+    known = DuckResponseCache(con, known_keys=True)
+    assert known.get("before") == '{"n": 1}'  # stored when it was opened: read from the table
+    known.put(_entry("mine", '{"n": 2}'))
+    assert known.get("mine") == '{"n": 2}'
+    # a row written behind its back is not looked up: the single writer's cache only
+    DuckResponseCache(con).put(_entry("behind", '{"n": 3}'))
+    assert known.get("behind") is None and DuckResponseCache(con).get("behind") == '{"n": 3}'
+    assert known.get("never") is None

@@ -54,3 +54,21 @@ def test_results_are_kept_per_conversation_directory_and_a_damaged_file_is_a_mis
     assert "no longer decodes" in caplog.text
     cache.put("c1", "k2", "segment", {"value": "x"})
     assert cache.get("c1", "k2", lambda raw: raw["missing"]) is None  # a decoder that refuses it: a miss
+
+
+def test_a_codec_s_json_writes_the_file_its_dict_writes(tmp_path: Path) -> None:
+    """The build writes each outcome as pydantic's JSON in one pass; the file is the one the plain
+    JSON form of the same outcome gives, byte for byte (so stores written before read the same)."""
+    from tmem.build.conversation import SCENES
+    from tmem.construct import BuildNote, StageOutcome
+    from tmem.domain import Scene
+
+    scene = Scene(conversation_id="c1", scene_id="s1", seq=0, title="Pottery — über café", summary="A bowl.",
+                  narrative="Ana glazed a bowl.", turn_ids=("D1:1", "D1:2"),
+                  start_time=datetime(2024, 1, 1, 9, tzinfo=UTC), end_time=datetime(2024, 1, 1, 9, 5, tzinfo=UTC))
+    outcome = StageOutcome([scene], (BuildNote(operation="scene_pack", input_ref="c1", kind="split", detail="é"),))
+    plain, fast = StageCache(tmp_path / "a"), StageCache(tmp_path / "b")
+    plain.put("c1", "k", "segment", SCENES.encode(outcome))
+    fast.put_json("c1", "k", "segment", SCENES.encode_json(outcome))
+    assert plain.path("c1", "k").read_bytes() == fast.path("c1", "k").read_bytes()
+    assert fast.get("c1", "k", SCENES.decode) == outcome

@@ -15,7 +15,15 @@ from tmem.errors import ConfigError
 from tmem.llm.bounded import BoundedChatModel
 from tmem.llm.cached_embedder import CachedEmbedder
 from tmem.llm.response_cache import CachedChatModel
-from tmem.ports import BatchableChatModel, ChatModel, Embedder, EmbeddingCache, MeteredChatModel, UsageLedger
+from tmem.ports import (
+    BatchableChatModel,
+    ChatModel,
+    Embedder,
+    EmbeddingCache,
+    MeteredChatModel,
+    ResponseCache,
+    UsageLedger,
+)
 from tmem.providers.registry import ChatProvider, chat_provider, embedder_factory
 from tmem.settings import Role, Settings
 
@@ -24,9 +32,10 @@ if TYPE_CHECKING:
 
 
 def chat_model_for(settings: Settings, role: Role, con: duckdb.DuckDBPyConnection | None, run_id: str, *,
-                   ledger: UsageLedger | None = None) -> ChatModel:
+                   ledger: UsageLedger | None = None, cache: ResponseCache | None = None) -> ChatModel:
     """The role's chat model: the provider's adapter, cached and metered in ``con`` when given
-    (``ledger``: the usage ledger to meter into, default a :class:`DuckUsageLedger` on ``con``)."""
+    (``ledger`` / ``cache``: the usage ledger and response cache to use, default a
+    :class:`DuckUsageLedger` and a :class:`DuckResponseCache` on ``con``)."""
     from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger
 
     provider = chat_provider(settings, role)
@@ -36,7 +45,7 @@ def chat_model_for(settings: Settings, role: Role, con: duckdb.DuckDBPyConnectio
     if con is None:
         cached = CachedChatModel(inner, cache=None, ledger=None, run_id=run_id)
     else:
-        cached = CachedChatModel(inner, cache=DuckResponseCache(con), ledger=ledger or DuckUsageLedger(con),
+        cached = CachedChatModel(inner, cache=cache or DuckResponseCache(con), ledger=ledger or DuckUsageLedger(con),
                                  run_id=run_id)
     if batch_ops:
         return cached  # the batching adapter bounds its synchronous calls; batched callers only wait

@@ -89,13 +89,15 @@ class BuildRuntime:
 def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     """The runtime over the working database (this process becomes the store's writer)."""
     from tmem.store.duck import connect
-    from tmem.store.llm_cache import DuckUsageLedger
+    from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger
 
     settings = spec.load_settings()
     con = connect(settings.store)
     ledger = DuckUsageLedger(con, deferred=True)
-    chat = chat_model_for(settings, "build", con, run_id, ledger=ledger)
-    queue = CoalescingEmbedder(_embedder(settings, worker=False),
+    # this process is the store's one writer: a key it never stored is not looked up
+    chat = chat_model_for(settings, "build", con, run_id, ledger=ledger, cache=DuckResponseCache(con, known_keys=True))
+    # on Dask the workers embed the conversations: the publisher's encoder starts only if it is asked
+    queue = CoalescingEmbedder(_embedder(settings, worker=False, start=settings.task_runner == "threads"),
                                cache=DuckEmbeddingCache(con))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=chat,
@@ -104,17 +106,19 @@ def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     )
 
 
-def _embedder(settings: Settings, *, worker: bool, cores: int | None = None) -> Embedder:
+def _embedder(settings: Settings, *, worker: bool, cores: int | None = None, start: bool = True) -> Embedder:
     """This process's build encoder, laid out by :func:`encoder_layout`: a pool of encoder
-    children (the built-in sentence-transformers provider), else the provider's embedder here."""
+    children (the built-in sentence-transformers provider), else the provider's embedder here.
+    ``start``: the children start loading the model now, in the background, while the first
+    conversations wait for their LLM answers (else on the first call)."""
     processes, threads = encoder_layout(settings, worker=worker, cores=cores)
     if processes:
         from tmem.providers.encoder_process import EncoderSpec, shared_pool
 
         pool = shared_pool(EncoderSpec(settings.embedding_model, settings.embedding_batch_size,
                                        settings.embedding_device, threads, settings.embedding_batch_tokens), processes)
-        # the children load the model while the first conversations wait for their LLM answers
-        threading.Thread(target=_start_pool, args=(pool,), name="tmem-encoder-start", daemon=True).start()
+        if start:
+            threading.Thread(target=_start_pool, args=(pool,), name="tmem-encoder-start", daemon=True).start()
         return pool
     return embedder_factory(settings)(settings, threads)
 

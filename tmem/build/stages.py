@@ -91,6 +91,11 @@ class Codec(Generic[T]):
         return {"value": self.value.dump_python(outcome.value, mode="json"),
                 "notes": _NOTES.dump_python(outcome.notes, mode="json")}
 
+    def encode_json(self, outcome: StageOutcome[T]) -> bytes:
+        """:meth:`encode` as compact JSON, serialised by pydantic in one pass (no Python objects)."""
+        return (b'{"value":' + self.value.dump_json(outcome.value) + b',"notes":' + _NOTES.dump_json(outcome.notes)
+                + b"}")
+
     def decode(self, raw: dict[str, Any]) -> StageOutcome[T]:
         return StageOutcome(self.value.validate_python(raw["value"]), _NOTES.validate_python(raw["notes"]))
 
@@ -164,7 +169,7 @@ class ConversationStages:
                 return self._took(found), True
         outcome = self._with_retries(unit)
         if key is not None and unit.codec is not None and not outcome.quarantined:
-            self.rt.stages.put(self.conversation_id, key, unit.stage, unit.codec.encode(outcome))
+            self.rt.stages.put_json(self.conversation_id, key, unit.stage, unit.codec.encode_json(outcome))
         return self._took(outcome), False
 
     def _with_retries(self, unit: Unit[T]) -> StageOutcome[T]:

@@ -67,6 +67,11 @@ class StageCache:
 
     def put(self, conversation_id: str, key: str, stage: str, outcome: Any) -> None:
         """Store ``outcome`` (JSON-ready) under ``key``; atomic, last writer wins."""
+        self.put_json(conversation_id, key, stage, json.dumps(outcome, ensure_ascii=False, separators=(",", ":"))
+                      .encode("utf-8"))
+
+    def put_json(self, conversation_id: str, key: str, stage: str, outcome: bytes) -> None:
+        """Store ``outcome``, given as JSON (UTF-8), under ``key``; atomic, last writer wins."""
         path = self.path(conversation_id, key)
         directory = path.parent
         with self._lock:
@@ -76,8 +81,8 @@ class StageCache:
             with self._lock:
                 self._made.add(directory)
         partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
-        partial.write_text(json.dumps({"stage": stage, "key_version": KEY_VERSION, "outcome": outcome},
-                                      ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+        head = json.dumps({"stage": stage, "key_version": KEY_VERSION}, ensure_ascii=False, separators=(",", ":"))
+        partial.write_bytes(head[:-1].encode("utf-8") + b',"outcome":' + outcome + b"}")
         os.replace(partial, path)
 
 
