@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -125,6 +126,20 @@ def processes_named(name: str) -> list[int]:
     return found
 
 
+def processes_running(fragment: str) -> list[int]:
+    """Pids of the processes whose command line contains ``fragment``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if fragment.encode() in fh.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 def machine_busy_seconds() -> float:
     """Core-seconds the whole machine spent busy since boot (/proc/stat: all but idle and iowait)."""
     with open("/proc/stat") as fh:
@@ -141,9 +156,28 @@ class CpuAccount:
     this process's waited-for children (``RUSAGE_CHILDREN``: a phase run with ``subprocess.run``),
     ``self`` this process, ``machine`` every core of the machine."""
 
-    def __init__(self, groups: dict[str, Any]) -> None:
+    def __init__(self, groups: dict[str, Any], polled: dict[str, Any] | None = None, every_s: float = 0.5) -> None:
         self.groups = groups
+        # groups whose processes come and go inside the phase (e.g. the build's encoder children): read
+        # every ``every_s`` by a thread, each pid counted from its value at start (0 if born later) to
+        # its last reading
+        self.polled = polled or {}
+        self.every_s = every_s
         self._start: dict[str, float] = {}
+        self._first: dict[str, dict[int, float]] = {}
+        self._last: dict[str, dict[int, float]] = {}
+        self._stop_polling: threading.Event | None = None
+        self._poller: threading.Thread | None = None
+
+    def _poll(self, baseline: bool = False) -> None:
+        for name, pids in self.polled.items():
+            for pid in pids():
+                value = _proc_cpu_seconds(pid)
+                if value <= 0.0:
+                    continue
+                self._last[name][pid] = value
+                if baseline:
+                    self._first[name][pid] = value
 
     def _read(self) -> dict[str, float]:
         import resource
@@ -157,7 +191,26 @@ class CpuAccount:
 
     def start(self) -> None:
         self._start = self._read()
+        self._first = {name: {} for name in self.polled}
+        self._last = {name: {} for name in self.polled}
+        if self.polled:
+            self._poll(baseline=True)
+            stop = self._stop_polling = threading.Event()
+
+            def loop() -> None:
+                while not stop.wait(self.every_s):
+                    self._poll()
+
+            self._poller = threading.Thread(target=loop, name="cpu-poller", daemon=True)
+            self._poller.start()
 
     def stop(self) -> dict[str, float]:
         end = self._read()
-        return {name: round(end[name] - self._start.get(name, 0.0), 1) for name in end}
+        spent = {name: round(end[name] - self._start.get(name, 0.0), 1) for name in end}
+        if self._poller is not None and self._stop_polling is not None:
+            self._stop_polling.set()
+            self._poller.join()
+            self._poller = None
+        for name in self.polled:
+            spent[name] = round(sum(v - self._first[name].get(pid, 0.0) for pid, v in self._last[name].items()), 1)
+        return spent

@@ -57,7 +57,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from bench.benchstats import CpuAccount, loadavg, machine_info, processes_named  # noqa: E402
+from bench.benchstats import CpuAccount, loadavg, machine_info, processes_named, processes_running  # noqa: E402
 from bench.prefect_servers import Postgres, PrefectServer  # noqa: E402
 from bench.synthetic_archive import write_archives  # noqa: E402
 from tmem.devtools import synth  # noqa: E402
@@ -249,7 +249,8 @@ def main() -> None:
 
     # where the cores went during a phase: the phase's process (and what it waited for), this process
     # (the scripted LLM server), the Prefect server, PostgreSQL, and the machine as a whole
-    cpu = CpuAccount({"prefect_server": lambda: [prefect.proc.pid], "postgres": lambda: processes_named("postgres")})
+    cpu = CpuAccount({"prefect_server": lambda: [prefect.proc.pid], "postgres": lambda: processes_named("postgres")},
+                     polled={"encoders": lambda: processes_running("tmem.providers.encoder_process")})
 
     def phase(name: str, command: list[str], conversations: int) -> dict[str, Any]:
         before_keys, before_requests, before_api = (cached_keys(store) if (store / "work.duckdb").exists() else set(),
@@ -278,7 +279,8 @@ def main() -> None:
             "build_embedding": (build or {}).get("embedding"),
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip(),
             # CPU seconds during the phase: "children" is the phase's process (with its Dask workers),
-            # "self" the benchmark's process serving the scripted LLM
+            # "self" the benchmark's process serving the scripted LLM, "encoders" the build's encoder
+            # children (also inside "children" once waited for)
             "cpu_s": cpu_s,
         }
         row["bound_s"] = max(row["llm_bound_s"], row["embedding"]["seconds"])

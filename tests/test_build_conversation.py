@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.fakes import FakeChatModel
@@ -177,3 +178,28 @@ def test_a_conversation_s_usage_rows_are_committed_when_it_is_built(store: Path)
     finally:
         con.close()
     assert row == (len(fake.calls),) and len(fake.calls) > 0
+
+
+def test_scene_views_are_queued_for_the_encoder_after_segmentation_and_embedded_once(store: Path) -> None:
+    """The build's queue gets a conversation's scene views (summaries, dialogue windows) as soon as
+    segmentation is done, ahead of the conversation's embed stage; every text is embedded once and
+    the vectors are those of the views."""
+    from tests.test_embed import CountingEmbedder
+    from tmem.llm.embed_queue import CoalescingEmbedder
+
+    chat, counting = FakeChatModel(), CountingEmbedder(HashEmbedder())
+    queue = CoalescingEmbedder(counting, linger_s=0.0)
+    base = runtime(store, chat)
+    rt = BuildRuntime(spec=base.spec, settings=base.settings, run_id=base.run_id, con=base.con, chat=chat,
+                      embedder=queue, stages=base.stages, fingerprint=base.fingerprint, embed_queue=queue)
+    try:
+        built = build_conversation(rt, CID)
+    finally:
+        queue.close()
+        rt.con.close()
+    scene_texts = [v.text for v in built.vectors if v.owner_kind == "scene" and v.view in {"summary", "dlg"}]
+    assert scene_texts and queue.usage.prefetched == len(scene_texts)
+    assert counting.calls[0] == list(dict.fromkeys(scene_texts))  # the first model call: the scene views alone
+    embedded = [t for call in counting.calls for t in call]
+    assert sorted(embedded) == sorted({v.text for v in built.vectors})  # each text once
+    assert all(np.array_equal(v.vector, HashEmbedder().embed([v.text])[0]) for v in built.vectors)

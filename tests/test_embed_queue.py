@@ -182,3 +182,26 @@ def test_a_cached_vector_of_the_wrong_dimension_fails_its_callers() -> None:
         queue.embed(["stale", "fresh"])
     assert inner.calls == []
     queue.close()
+
+
+def test_prefetched_texts_are_embedded_once_and_answered_from_the_memo() -> None:
+    inner = CountingEmbedder(HashEmbedder())
+    queue = CoalescingEmbedder(inner, linger_s=0.0)
+    queue.prefetch(["scene summary", "dialogue window"])
+    rows = queue.embed(["dialogue window", "an item", "scene summary"])  # queued behind the prefetch
+    assert np.array_equal(rows, HashEmbedder().embed(["dialogue window", "an item", "scene summary"]))
+    assert sorted(t for call in inner.calls for t in call) == ["an item", "dialogue window", "scene summary"]
+    assert queue.usage.prefetched == 2 and queue.usage.texts == 3
+    queue.close()
+    queue.prefetch(["after close"])  # ignored, not an error: nobody waits for it
+    assert queue.usage.prefetched == 2
+
+
+def test_a_failed_prefetch_is_raised_by_the_call_that_needs_the_texts() -> None:
+    inner = FailingOn("poison")
+    queue = CoalescingEmbedder(inner, linger_s=0.0)
+    queue.prefetch(["poison", "fine"])
+    with pytest.raises(RuntimeError, match="fell over"):
+        queue.embed(["poison"])
+    assert queue.embed(["fine"]).shape == (1, 16)  # embedded again: the failed prefetch kept nothing
+    queue.close()

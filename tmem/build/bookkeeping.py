@@ -121,7 +121,8 @@ class BuildRun:
             return {}
         u = queue.usage
         return {"texts": u.texts, "requested": u.requested, "model_calls": u.calls, "model_s": round(u.seconds, 2),
-                "cache_hits": u.cache_hits, "cache_lookups": u.lookups, "cache_s": round(u.lookup_s, 2)}
+                "cache_hits": u.cache_hits, "cache_lookups": u.lookups, "cache_s": round(u.lookup_s, 2),
+                "prefetched": u.prefetched}
 
 
 def missing_units(conversation_id: str, units: Sequence[QuarantinedUnit]) -> list[MissingUnit]:

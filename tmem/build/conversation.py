@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pydantic import TypeAdapter
 
 from tmem import domain
-from tmem.build.embed_views import embed_memory_views
+from tmem.build.embed_views import embed_memory_views, prefetch_scene_views
 from tmem.build.runtime import BuildRuntime
 from tmem.build.stages import Codec, ConversationStages, LogObserver, StageObserver, Unit
 from tmem.construct import (
@@ -91,6 +91,7 @@ def build_conversation(rt: BuildRuntime, conversation_id: str, observer: StageOb
                         for spk in sorted({t.speaker for t in turns})]
         scenes = stages.run(Unit("segment", cid, {"turns": turns}, lambda: segment_outcome(
             cid, list(turns), chat, window=settings.segment_window), SCENES), lambda v: f"{len(v)} scenes")
+        prefetch_scene_views(scenes, by_id, rt.embedder)  # the encoder starts on them while the LLM works
         scene_from = time.perf_counter()
         scene_trig_futs = [stages.submit(_scene_triggers(rt, cid, n, batch, [by_id[t] for s in batch for t in s.turn_ids]))
                            for n, batch in enumerate(scene_trigger_batches(scenes, settings.scene_trigger_batch))]

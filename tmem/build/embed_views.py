@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from tmem.domain import ConversationMemory, Turn
+from tmem.domain import ConversationMemory, Scene, Turn
+from tmem.llm.embed_queue import CoalescingEmbedder
 from tmem.ports import Embedder
 from tmem.store.lance import VectorRow
-from tmem.views.texts import DIALOGUE_WINDOW_TURNS, memory_views, word_budget
+from tmem.views.texts import DIALOGUE_WINDOW_TURNS, memory_views, scene_views, word_budget
 
 
 def embed_memory_views(memory: ConversationMemory, turns_by_id: Mapping[str, Turn], embedder: Embedder) -> list[VectorRow]:
@@ -23,3 +24,17 @@ def embed_memory_views(memory: ConversationMemory, turns_by_id: Mapping[str, Tur
         )
         for n, v in enumerate(views)
     ]
+
+
+def prefetch_scene_views(scenes: Sequence[Scene], turns_by_id: Mapping[str, Turn], embedder: Embedder) -> int:
+    """Queue the scene views known right after segmentation (summaries and dialogue windows, the
+    longest texts of a conversation) on the build's embedding worker without waiting, so the encoder
+    works on them while the conversation's later stages wait for the LLM; the conversation's own
+    :func:`embed_memory_views` then finds them embedded. Returns how many texts were queued (0: the
+    embedder is not the build's queue)."""
+    if not isinstance(embedder, CoalescingEmbedder):
+        return 0
+    views = scene_views(scenes, turns_by_id, dialogue_words=word_budget(embedder.max_input_tokens),
+                        dialogue_turns=DIALOGUE_WINDOW_TURNS)
+    embedder.prefetch([v.text for v in views])
+    return len(views)

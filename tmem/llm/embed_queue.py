@@ -31,6 +31,7 @@ padding — on 40 synthetic conversations the word pieces processed per real one
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -45,6 +46,8 @@ from tmem.llm.cached_embedder import embedding_key
 from tmem.llm.embedder_wrapper import EmbedderWrapper
 from tmem.ports import Embedder, EmbeddingCache
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class EmbeddingUsage:
@@ -55,6 +58,13 @@ class EmbeddingUsage:
     cache_hits: int = 0  # distinct texts found in the cache
     lookups: int = 0  # cache lookups (one per call of the worker that had texts to look up)
     lookup_s: float = 0.0  # spent in them and in storing the new vectors
+    prefetched: int = 0  # texts queued ahead of their conversation's embed stage (``prefetch``)
+
+
+def _note_prefetch_failure(done: Future[npt.NDArray[np.float32]]) -> None:
+    if done.exception() is not None:
+        log.info("prefetched texts were not embedded (%s); the stage that needs them embeds them again",
+                 done.exception())
 
 
 class CoalescingEmbedder(EmbedderWrapper):
@@ -79,12 +89,30 @@ class CoalescingEmbedder(EmbedderWrapper):
         with self._ready:
             if self._closed:
                 raise RuntimeError("the build's embedder was closed")
-            self._queue.append((list(texts), done))
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="tmem-embedder", daemon=True)
-                self._worker.start()
-            self._ready.notify()
+            self._enqueue(list(texts), done)
         return done.result()
+
+    def prefetch(self, texts: list[str]) -> None:
+        """Queue ``texts`` without waiting: the worker embeds them (or finds them in the cache) in turn
+        and keeps their rows in its memo, where a later :meth:`embed` of the same texts finds them.
+        A prefetch that fails is not retried or reported here: the later call that needs the texts
+        embeds them again and raises the failure to its caller. A closed queue ignores a prefetch."""
+        if not texts:
+            return
+        done: Future[npt.NDArray[np.float32]] = Future()
+        done.add_done_callback(_note_prefetch_failure)
+        with self._ready:
+            if self._closed:
+                return
+            self.usage.prefetched += len(texts)
+            self._enqueue(list(texts), done)
+
+    def _enqueue(self, texts: list[str], done: Future[npt.NDArray[np.float32]]) -> None:
+        self._queue.append((texts, done))
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="tmem-embedder", daemon=True)
+            self._worker.start()
+        self._ready.notify()
 
     def close(self) -> None:
         """Stop the worker once the queue is empty (the build is over)."""

@@ -15,11 +15,11 @@ vector would only see the scene's opening. Every other view is far shorter than 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tmem.construct.families import family_named
-from tmem.domain import HORIZON_CHANNELS, SCENE_ATTRIBUTES, ConversationMemory, Turn
+from tmem.domain import HORIZON_CHANNELS, SCENE_ATTRIBUTES, ConversationMemory, Scene, Turn
 from tmem.views.catalog import OwnerKind
 
 VIEWS_VERSION = 2
@@ -119,6 +119,20 @@ def window_start(ordinal: int) -> int:
     return ordinal // PIECES_PER_TURN
 
 
+def scene_views(
+    scenes: Sequence[Scene], turns_by_id: Mapping[str, Turn], *, dialogue_words: int | None = None,
+    dialogue_turns: int | None = None,
+) -> list[ViewText]:
+    """The views a scene has from segmentation alone (``summary`` and its ``dlg`` windows), in
+    :func:`memory_views` order: known before the later stages, so a build can embed them early."""
+    out: list[ViewText] = []
+    for scene in scenes:
+        out.append(ViewText("scene", scene.scene_id, "summary", 0, f"{scene.title}. {scene.summary}"))
+        for window in dialogue_windows(scene.turn_ids, turns_by_id, dialogue_words, dialogue_turns):
+            out.append(ViewText("scene", scene.scene_id, "dlg", window.ordinal, window.text))
+    return out
+
+
 def memory_views(
     memory: ConversationMemory, turns_by_id: Mapping[str, Turn], *, dialogue_words: int | None = None,
     dialogue_turns: int | None = None,
@@ -128,10 +142,7 @@ def memory_views(
     out: list[ViewText] = []
     for topic in memory.topics:
         out.append(ViewText("topic", topic.topic_id, "summary", 0, topic.summary))
-    for scene in memory.scenes:
-        out.append(ViewText("scene", scene.scene_id, "summary", 0, f"{scene.title}. {scene.summary}"))
-        for window in dialogue_windows(scene.turn_ids, turns_by_id, dialogue_words, dialogue_turns):
-            out.append(ViewText("scene", scene.scene_id, "dlg", window.ordinal, window.text))
+    out.extend(scene_views(memory.scenes, turns_by_id, dialogue_words=dialogue_words, dialogue_turns=dialogue_turns))
     for st in memory.scene_triggers:
         attrs = " ".join(getattr(st, a).strip() for a in SCENE_ATTRIBUTES if getattr(st, a).strip())
         if attrs:

@@ -1,0 +1,43 @@
+"""bench/benchstats.CpuAccount: CPU seconds of process groups over a phase, including processes
+that start and end inside it (a build's encoder children)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from bench.benchstats import CpuAccount, processes_running
+
+BURN = "import time, sys\nend = time.process_time() + float(sys.argv[1])\nwhile time.process_time() < end: pass\ntime.sleep(float(sys.argv[2]))"
+
+
+def _burner(marker: str, cpu_s: float, linger_s: float) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", BURN, str(cpu_s), str(linger_s), marker])
+
+
+def test_polled_group_counts_a_process_born_and_gone_inside_the_phase() -> None:
+    marker = f"cpu-account-born-{time.monotonic_ns()}"
+    account = CpuAccount({}, polled={"burners": lambda: processes_running(marker)}, every_s=0.05)
+    account.start()
+    child = _burner(marker, 0.4, 0.3)  # reads taken while it lingers after burning
+    child.wait()
+    spent = account.stop()
+    assert 0.3 <= spent["burners"] <= 1.0
+
+
+def test_polled_group_counts_only_what_a_running_process_spent_after_start() -> None:
+    marker = f"cpu-account-old-{time.monotonic_ns()}"
+    child = _burner(marker, 0.6, 5.0)
+    try:
+        deadline = time.monotonic() + 10
+        while not processes_running(marker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.8)  # it has burnt its CPU and now sleeps
+        account = CpuAccount({}, polled={"burners": lambda: processes_running(marker)}, every_s=0.05)
+        account.start()
+        time.sleep(0.2)
+        assert account.stop()["burners"] < 0.1
+    finally:
+        child.kill()
+        child.wait()
