@@ -192,6 +192,8 @@ def test_prefetched_texts_are_embedded_once_and_answered_from_the_memo() -> None
     assert np.array_equal(rows, HashEmbedder().embed(["dialogue window", "an item", "scene summary"]))
     assert sorted(t for call in inner.calls for t in call) == ["an item", "dialogue window", "scene summary"]
     assert queue.usage.prefetched == 2 and queue.usage.texts == 3
+    window = queue.usage.window()
+    assert window is not None and 0 <= window[0] <= window[1]
     queue.close()
     queue.prefetch(["after close"])  # ignored, not an error: nobody waits for it
     assert queue.usage.prefetched == 2

@@ -122,7 +122,9 @@ class BuildRun:
         u = queue.usage
         return {"texts": u.texts, "requested": u.requested, "model_calls": u.calls, "model_s": round(u.seconds, 2),
                 "cache_hits": u.cache_hits, "cache_lookups": u.lookups, "cache_s": round(u.lookup_s, 2),
-                "prefetched": u.prefetched}
+                "prefetched": u.prefetched,
+                # seconds from the queue's start to its first model call and to the end of its last
+                "model_window_s": [round(x, 2) for x in window] if (window := u.window()) else None}
 
 
 def missing_units(conversation_id: str, units: Sequence[QuarantinedUnit]) -> list[MissingUnit]:

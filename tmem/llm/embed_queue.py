@@ -59,6 +59,15 @@ class EmbeddingUsage:
     lookups: int = 0  # cache lookups (one per call of the worker that had texts to look up)
     lookup_s: float = 0.0  # spent in them and in storing the new vectors
     prefetched: int = 0  # texts queued ahead of their conversation's embed stage (``prefetch``)
+    opened_at: float = 0.0  # perf_counter when the queue was made (the build's start, near enough)
+    first_call_at: float | None = None  # perf_counter when the first inner call started
+    last_call_end: float | None = None  # ... and when the last one ended
+
+    def window(self) -> tuple[float, float] | None:
+        """Seconds from the queue's start to its first inner call and to the end of its last one."""
+        if self.first_call_at is None or self.last_call_end is None:
+            return None
+        return self.first_call_at - self.opened_at, self.last_call_end - self.opened_at
 
 
 def _note_prefetch_failure(done: Future[npt.NDArray[np.float32]]) -> None:
@@ -77,7 +86,7 @@ class CoalescingEmbedder(EmbedderWrapper):
         self.max_texts = max_texts
         self.linger_s = linger_s
         self.memo_texts = memo_texts  # ~25 MB of 384-d vectors
-        self.usage = EmbeddingUsage()
+        self.usage = EmbeddingUsage(opened_at=time.perf_counter())
         self._memo: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()  # the worker's own
         self._queue: deque[tuple[list[str], Future[npt.NDArray[np.float32]]]] = deque()
         self._ready = threading.Condition()
@@ -174,10 +183,13 @@ class CoalescingEmbedder(EmbedderWrapper):
         if not fresh:
             return
         started = time.perf_counter()
+        if self.usage.first_call_at is None:
+            self.usage.first_call_at = started
         matrix = self.inner.embed(fresh)
         if matrix.shape != (len(fresh), self.dim):
             raise EmbeddingError(self.model_name, f"returned shape {matrix.shape} for {len(fresh)} texts")
-        self.usage.seconds += time.perf_counter() - started
+        self.usage.last_call_end = time.perf_counter()
+        self.usage.seconds += self.usage.last_call_end - started
         self.usage.texts += len(fresh)
         self.usage.calls += 1
         vectors = np.asarray(matrix, dtype=np.float32)
