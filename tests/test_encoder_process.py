@@ -184,3 +184,15 @@ def test_token_batches_embed_what_sentence_transformers_own_batches_embed() -> N
     budgeted = SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_tokens=512)
     plain = SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_tokens=0)
     np.testing.assert_allclose(budgeted.embed(texts), plain.embed(texts), atol=1e-5)
+
+
+def test_a_call_of_a_few_hundred_texts_is_shared_evenly_between_the_children() -> None:
+    """A nightly's queue hands the pool calls of a few hundred texts, long dialogue windows and short
+    triggers mixed: every child gets shares, and no share holds most of the call's text."""
+    pool = EncoderPool(EncoderSpec(model="all-MiniLM-L6-v2", batch_size=64), 2)
+    texts = [("dialogue " * 40) if n % 5 == 0 else ("trigger " * 4) for n in range(125)]
+    shares = pool.plan(texts)
+    assert sorted(i for share in shares for i in share) == list(range(len(texts)))
+    total = sum(len(t) for t in texts)
+    assert len(shares) >= 2 * len(pool.children)
+    assert max(sum(len(texts[i]) for i in share) for share in shares) < total / 3
