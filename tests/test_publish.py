@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.fakes import FakeChatModel
 from tests.flow_helpers import ingest_slice
 from tests.query_store import HashEmbedder
@@ -13,6 +15,7 @@ from tmem.build.conversation import build_conversation
 from tmem.build.publish import build_id_of, publish_builds
 from tmem.build.runtime import BuildRuntime
 from tmem.build.spec import BuildSpec, build_fingerprint
+from tmem.errors import StoreError
 from tmem.settings import load_settings
 from tmem.store.duck import connect
 from tmem.store.lance import VectorStore
@@ -94,3 +97,24 @@ def test_an_unchanged_conversation_is_not_written_again_and_a_changed_one_is(tmp
     _, renamed_ids = publish(store, "r4", RenamedEmbedder())
     assert all(renamed_ids[cid] != grown_ids[cid] for cid in IDS)
     assert len(versions(store)) > len(lance_grown)
+
+
+def test_a_failed_vector_write_records_no_build_and_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Lance write runs beside the working database's rows; when it fails the publish raises, no
+    build is recorded, readers keep what they had, and the next publish writes everything."""
+    store = tmp_path / "store"
+    ingest_slice(store, tmp_path / "s1.json", {cid: 1 for cid in IDS})
+
+    def broken(self: VectorStore, table: str, rows: object) -> int:
+        raise StoreError(f"{self.uri}/{table}: disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(VectorStore, "replace_conversations", broken)
+        with pytest.raises(StoreError, match="disk full"):
+            publish(store, "r1", HashEmbedder())
+    assert current_snapshot(store) is None and memory_rows_written(store) == 0
+
+    snapshot_id, ids = publish(store, "r2", HashEmbedder())
+    info = current_snapshot(store)
+    assert info is not None and info.snapshot_id == snapshot_id and info.conversations == ids
+    assert memory_rows_written(store) == len(IDS)
