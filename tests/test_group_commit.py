@@ -16,7 +16,7 @@ import pytest
 from tmem.ports import CacheEntry, UsageRecord
 from tmem.store.duck import connect
 from tmem.store.group_commit import GroupCommit
-from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger, _write_cache_rows
+from tmem.store.llm_cache import DuckResponseCache, DuckUsageLedger, write_cache_rows
 
 
 def _table(tmp_path: Path) -> duckdb.DuckDBPyConnection:
@@ -212,7 +212,7 @@ def test_a_round_inserts_new_answers_and_replaces_a_stored_one(tmp_path: Path, s
     cur = con.cursor()
     try:
         cur.begin()
-        _write_cache_rows(cur, [_entry(f"k{n}", f'{{"n": {n}}}') for n in range(size)] + [_entry("k1", '{"n": "again"}')])
+        write_cache_rows(cur, [_entry(f"k{n}", f'{{"n": {n}}}') for n in range(size)] + [_entry("k1", '{"n": "again"}')])
         cur.commit()
     finally:
         cur.close()

@@ -144,6 +144,24 @@ def test_write_journal_is_one_transaction(store: Path) -> None:
         con.close()
 
 
+def test_a_large_journal_replaces_stored_keys_and_inserts_the_rest(store: Path) -> None:
+    """A nightly's journal holds thousands of rows (written as one Arrow table): a key already stored
+    takes the new answer, the last answer of a key given twice wins, every ledger row lands."""
+    con = connect(store)
+    try:
+        fresh = tuple(entry(f"n{n}", answer=f'{{"n": {n}}}') for n in range(40))
+        write_journal(con, JournalBatch(
+            cache_entries=(entry("k1", answer='{"again": 1}'), *fresh, entry("n7", answer='{"n": "last"}')),
+            usage=tuple(usage() for _ in range(30)),
+        ))
+        assert con.execute("SELECT response FROM llm_cache WHERE cache_key = 'k1'").fetchall() == [('{"again": 1}',)]
+        assert con.execute("SELECT response FROM llm_cache WHERE cache_key = 'n7'").fetchall() == [('{"n": "last"}',)]
+        assert con.execute("SELECT count(*) FROM llm_cache WHERE cache_key LIKE 'n%'").fetchone() == (40,)
+        assert con.execute("SELECT count(*) FROM llm_usage WHERE run_id = 'r1'").fetchone() == (30,)
+    finally:
+        con.close()
+
+
 # ---- settings: task runner, Lance location ------------------------------------------------
 
 

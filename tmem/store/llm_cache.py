@@ -87,7 +87,7 @@ def _cache_values(e: CacheEntry) -> list[object]:
             e.completion_tokens, e.created_at]
 
 
-def _write_cache_rows(cur: duckdb.DuckDBPyConnection, entries: list[CacheEntry]) -> None:
+def write_cache_rows(cur: duckdb.DuckDBPyConnection, entries: list[CacheEntry]) -> None:
     """Insert the round's answers; a key already stored (a damaged answer asked again) is replaced.
 
     ``INSERT OR REPLACE`` costs a primary-key conflict check that a plain ``INSERT`` does not (4.4
@@ -130,7 +130,7 @@ class DuckResponseCache(_Serialised):
 
     def __init__(self, con: duckdb.DuckDBPyConnection, *, known_keys: bool = False) -> None:
         super().__init__(con)
-        self.writes: GroupCommit[CacheEntry] = GroupCommit(con, _write_cache_rows, cursor_lock=self._lock,
+        self.writes: GroupCommit[CacheEntry] = GroupCommit(con, write_cache_rows, cursor_lock=self._lock,
                                                            name="llm-cache")
         self._known: set[str] | None = None
         if known_keys:
@@ -173,7 +173,7 @@ class DuckUsageLedger(_Serialised):
     def __init__(self, con: duckdb.DuckDBPyConnection, *, deferred: bool = False, linger_s: float = 1.0) -> None:
         super().__init__(con)
         self.deferred = deferred
-        self.writes: GroupCommit[UsageRecord] = GroupCommit(con, _write_usage_rows, cursor_lock=self._lock,
+        self.writes: GroupCommit[UsageRecord] = GroupCommit(con, write_usage_rows, cursor_lock=self._lock,
                                                             name="llm-usage", linger_s=linger_s)
 
     def record(self, record: UsageRecord) -> None:
@@ -212,7 +212,7 @@ _USAGE_TYPES: dict[str, pa.DataType] = {
 }  # the columns of INSERT_USAGE_FULL, in its order
 
 
-def _write_usage_rows(cur: duckdb.DuckDBPyConnection, records: list[UsageRecord]) -> None:
+def write_usage_rows(cur: duckdb.DuckDBPyConnection, records: list[UsageRecord]) -> None:
     columns = list(zip(*(usage_values(r) for r in records), strict=True))
     table = pa.table({name: pa.array(list(values), kind)
                       for (name, kind), values in zip(_USAGE_TYPES.items(), columns, strict=True)})
