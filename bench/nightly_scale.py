@@ -199,7 +199,7 @@ def main() -> None:
                         help="comma-separated phases to run under py-spy (its CPU-busy samples, collapsed stacks in "
                              "<out>.<phase>.pyspy.txt; py-spy must be on PATH); the profiler slows the phase")
     parser.add_argument("--setting", action="append", default=[], metavar="TMEM_NAME=VALUE",
-                        help="a tmem setting for the phases (repeatable), e.g. TMEM_EMBEDDING_PROCESS=on")
+                        help="a tmem setting for the phases (repeatable), e.g. TMEM_EMBEDDING_PROCESSES=0")
     parser.add_argument("--save-state", type=Path, default=None,
                         help="copy the store and Prefect home, as the phases before 'nightly' left them, to this directory")
     parser.add_argument("--from-state", type=Path, default=None,
