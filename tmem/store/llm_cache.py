@@ -77,8 +77,11 @@ def _insert_arrow(cur: duckdb.DuckDBPyConnection, statement: str, table: pa.Tabl
         cur.unregister(_STAGED)
 
 
-_CACHE_COLUMNS = ("cache_key", "operation", "model", "prompt_version", "response", "prompt_tokens",
-                  "completion_tokens", "created_at")
+_CACHE_TYPES: dict[str, pa.DataType] = {
+    "cache_key": pa.string(), "operation": pa.string(), "model": pa.string(), "prompt_version": pa.string(),
+    "response": pa.string(), "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
+    "created_at": pa.timestamp("us", tz="UTC"),
+}  # the columns of llm_cache, in the order of _cache_values
 _VALUES_ROWS = 16  # up to this many rows in one INSERT ... VALUES; beyond, one Arrow table
 
 
@@ -96,26 +99,19 @@ def write_cache_rows(cur: duckdb.DuckDBPyConnection, entries: list[CacheEntry]) 
     latest = list({e.cache_key: e for e in entries}.values())  # one row per key in a statement: the last answer
     stored = {str(r[0]) for r in cur.execute("SELECT cache_key FROM llm_cache WHERE cache_key IN "
                                               "(SELECT unnest(?::VARCHAR[]))", [[e.cache_key for e in latest]]).fetchall()}
-    names = ", ".join(_CACHE_COLUMNS)
+    names = ", ".join(_CACHE_TYPES)
     for verb, rows in (("INSERT", [e for e in latest if e.cache_key not in stored]),
                        ("INSERT OR REPLACE", [e for e in latest if e.cache_key in stored])):
         if not rows:
             continue
         if len(rows) <= _VALUES_ROWS:
-            one = "(" + ", ".join("?" * len(_CACHE_COLUMNS)) + ")"
+            one = "(" + ", ".join("?" * len(_CACHE_TYPES)) + ")"
             cur.execute(f"{verb} INTO llm_cache ({names}) VALUES {', '.join([one] * len(rows))}",
                         [v for e in rows for v in _cache_values(e)])
             continue
-        table = pa.table({
-            "cache_key": pa.array([e.cache_key for e in rows], pa.string()),
-            "operation": pa.array([e.operation for e in rows], pa.string()),
-            "model": pa.array([e.model for e in rows], pa.string()),
-            "prompt_version": pa.array([e.prompt_version for e in rows], pa.string()),
-            "response": pa.array([e.response_json for e in rows], pa.string()),
-            "prompt_tokens": pa.array([e.prompt_tokens for e in rows], pa.int64()),
-            "completion_tokens": pa.array([e.completion_tokens for e in rows], pa.int64()),
-            "created_at": pa.array([e.created_at for e in rows], pa.timestamp("us", tz="UTC")),
-        })
+        columns = zip(*(_cache_values(e) for e in rows), strict=True)
+        table = pa.table({name: pa.array(list(values), kind)
+                          for (name, kind), values in zip(_CACHE_TYPES.items(), columns, strict=True)})
         _insert_arrow(cur, f"{verb} INTO llm_cache ({names}) SELECT {names} FROM {{staged}}", table)  # noqa: S608 -- constant names
 
 
