@@ -3,7 +3,9 @@
     posted turns (spool) ─▶ the conversations to build (all, given, or changed) ─▶ export for Dask workers
         ─▶ one ``conversation/<id>`` task run per conversation, in parallel: its stages run in process
            (segment ─▶ topics ─▶ items ─▶ item triggers / scene triggers / personas ─▶ embedded views),
-           each stage and retry in the task run's log
+           each stage and retry in the task run's log (a build of many more conversations than it
+           builds at once sends them in batches, ``conversations/<id>+<more>``, each line of the log
+           naming its conversation)
         ─▶ as each conversation finishes: its quarantined units and notes recorded, progress artifact updated
         ─▶ workers' cache and ledger writes stored ─▶ publish one snapshot ─▶ build report artifact
 
@@ -30,11 +32,17 @@ from tmem.build.bookkeeping import BuildRun
 from tmem.build.conversation import ConversationBuild
 from tmem.build.runtime import release, runtime_for
 from tmem.build.spec import BuildSpec
-from tmem.tasks.build import build_conversation_task, conversation_result
+from tmem.tasks.build import submit_conversations, unit_outcomes
 from tmem.tasks.maintenance import drain_posted_turns
 from tmem.tasks.publish import publish
 from tmem.tasks.runtime import BuildProgress
-from tmem.tasks.scaleout import ConfiguredTaskRunner, open_exchange_for_workers, remove_exchange, store_worker_journals
+from tmem.tasks.scaleout import (
+    ConfiguredTaskRunner,
+    conversation_units,
+    open_exchange_for_workers,
+    remove_exchange,
+    store_worker_journals,
+)
 
 
 @flow(name="build-memory", flow_run_name="build-memory/{label}", task_runner=ConfiguredTaskRunner())
@@ -65,15 +73,14 @@ def build_memory(
         ids = run.start(conversation_ids, only_changed, label)
         exchange = open_exchange_for_workers(rt, ids)  # TMEM_TASK_RUNNER=dask: what workers read, exported once
         progress = BuildProgress(label, len(ids))
-        futures = {build_conversation_task.submit(spec, run_id, cid, exchange): cid for cid in ids}
-        for future in as_completed(list(futures)):
-            cid = futures[future]
-            outcome = conversation_result(future)
-            if isinstance(outcome, ConversationBuild):
-                run.built(cid, outcome)
-            else:
-                run.failed(cid, outcome)
-            progress.conversation_done(cid, ok=isinstance(outcome, ConversationBuild))
+        units = submit_conversations(spec, run_id, conversation_units(ids, rt.settings), exchange)
+        for future in as_completed(list(units)):
+            for cid, outcome in unit_outcomes(future, units[future]).items():
+                if isinstance(outcome, ConversationBuild):
+                    run.built(cid, outcome)
+                else:
+                    run.failed(cid, outcome)
+                progress.conversation_done(cid, ok=isinstance(outcome, ConversationBuild))
         builds = store_worker_journals(rt, run.builds, exchange)  # workers' cache and ledger writes, one transaction
         whole: Any = quote(builds)  # handed over as is: Prefect does not walk a thousand memories for futures
         snapshot_id = publish(spec, run_id, whole) if builds else None

@@ -5,10 +5,18 @@ run's runtime in its process from the spec (once per process; on a Dask worker w
 exchange file) and runs the conversation's stages in process (:mod:`tmem.build.conversation`),
 reporting each stage and retry to the task run's log. Its inputs are the spec, the run id, the
 conversation id and the exchange path: plain values that travel to any worker.
+
+``build_conversations_task`` does the same for a batch of conversations, one after another
+(``conversations/<first id>+<more>``; :mod:`tmem.build.batch`): a build of many more
+conversations than it builds at once, where a task run's own cost would outweigh a conversation's.
+Each line of its log names its conversation; each conversation's outcome comes back on its own.
+:func:`submit_conversations` sends the units, :func:`unit_outcomes` reads one back.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import MutableMapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -17,17 +25,18 @@ from prefect.exceptions import MissingResult
 from prefect.futures import PrefectFuture
 from prefect.logging import get_run_logger
 
+from tmem.build.batch import build_in_turn, retryable
 from tmem.build.conversation import ConversationBuild, build_conversation
 from tmem.build.runtime import drain_journal, runtime_for
 from tmem.build.spec import BuildSpec
 from tmem.build.stages import LogObserver
-from tmem.errors import LLMError
 
 
 def _orchestration_failure(task: Any, task_run: Any, state: Any) -> bool:
     """Retry a conversation only for what its stages did not already retry: an LLM error reached
     here after the stage's own retries (and the adapter's repair), so asking again is waste."""
-    return not isinstance(getattr(state, "data", None), LLMError)
+    data = getattr(state, "data", None)
+    return not isinstance(data, BaseException) or retryable(data)
 
 
 # One retry of the whole conversation: finished stage units come from the stage cache, so a retry after
@@ -61,3 +70,58 @@ def conversation_result(future: PrefectFuture[ConversationBuild]) -> Conversatio
         # conversation's failure; the next build gets it from the caches at no LLM cost.
         return exc
     return built
+
+
+class _ConversationLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A batch's task-run logger, each line headed by the conversation it is about."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        return f"{self.extra['conversation_id'] if self.extra else '?'}: {msg}", kwargs
+
+
+# No retry of the unit as a whole for a conversation's failure (each conversation has its own one retry,
+# tmem.build.batch); a retry of the unit is for what ended the task run itself (e.g. a lost worker), and
+# finished conversations then come back from the stage and response caches at no LLM cost.
+@task(name="build-conversations", task_run_name="conversations/{name}", retries=1, retry_delay_seconds=5)
+def build_conversations_task(spec: BuildSpec, run_id: str, conversation_ids: list[str], exchange: str | None,
+                             name: str) -> dict[str, ConversationBuild | Exception]:
+    rt = runtime_for(spec, run_id, exchange)
+    logger = get_run_logger()
+
+    def one(cid: str) -> ConversationBuild:
+        return build_conversation(rt, cid, LogObserver(_ConversationLog(logger, {"conversation_id": cid})))  # type: ignore[arg-type]
+
+    outcomes = build_in_turn(conversation_ids, one)
+    built = [cid for cid, outcome in outcomes.items() if isinstance(outcome, ConversationBuild)]
+    if built:  # the worker's writes ride with a built conversation; with none, the flow's final sweep takes them
+        first = outcomes[built[0]]
+        assert isinstance(first, ConversationBuild)
+        outcomes[built[0]] = replace(first, journal=drain_journal(spec, run_id, exchange))
+    return outcomes
+
+
+def submit_conversations(spec: BuildSpec, run_id: str, units: Sequence[list[str]],
+                         exchange: str | None) -> dict[PrefectFuture[Any], list[str]]:
+    """One task run per unit: ``build_conversation_task`` for a unit of one, else the batch task."""
+    futures: dict[PrefectFuture[Any], list[str]] = {}
+    for ids in units:
+        if len(ids) == 1:
+            futures[build_conversation_task.submit(spec, run_id, ids[0], exchange)] = ids
+        else:
+            futures[build_conversations_task.submit(spec, run_id, ids, exchange, f"{ids[0]}+{len(ids) - 1}")] = ids
+    return futures
+
+
+def unit_outcomes(future: PrefectFuture[Any], ids: list[str]) -> dict[str, ConversationBuild | BaseException]:
+    """What a finished unit gave, per conversation: its build or the exception that ended it (a batch
+    whose task run itself failed gives every one of its conversations that failure)."""
+    found = conversation_result(future)
+    if len(ids) == 1:
+        return {ids[0]: found}
+    if isinstance(found, BaseException):
+        return dict.fromkeys(ids, found)
+    outcomes: dict[str, ConversationBuild | BaseException] = dict(found)  # type: ignore[call-overload]
+    missing = [cid for cid in ids if cid not in outcomes]
+    if missing:  # never expected: a batch reports every conversation it was given
+        raise RuntimeError(f"batch {ids[0]}+{len(ids) - 1} returned no outcome for {missing}")
+    return outcomes

@@ -26,6 +26,7 @@ from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from tmem.build.batch import batch_size, batches
 from tmem.build.conversation import ConversationBuild
 from tmem.build.runtime import BuildRuntime, release
 from tmem.build.spec import BuildSpec
@@ -96,6 +97,17 @@ def dask_client() -> Client | None:
 
     runner = ctx.task_runner
     return runner.client if isinstance(runner, DaskTaskRunner) else None
+
+
+def conversation_units(conversation_ids: list[str], settings: Settings) -> list[list[str]]:
+    """The build's task-run units: runs of conversations sized over the slots that build them
+    (``build_concurrency`` threads here, or the Dask cluster's worker threads;
+    :func:`tmem.build.batch.batch_size`, ``TMEM_BUILD_BATCH``), one conversation each while the
+    build is small."""
+    client = dask_client()
+    slots = (settings.build_concurrency if client is None else
+             sum(client.nthreads().values()) or settings.dask_workers * settings.dask_threads_per_worker)
+    return batches(conversation_ids, batch_size(len(conversation_ids), slots, settings.build_batch))
 
 
 def open_exchange_for_workers(rt: BuildRuntime, conversation_ids: list[str]) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from tests.flow_helpers import ingest_slice, published, set_llm_env
+from tests.flow_helpers import ingest_slice, published, set_llm_env, wait_for
 from tmem.devtools.scripted_llm import ScriptedLLM
 from tmem.store.memory_image import diff_images, memory_image
 
@@ -32,6 +32,7 @@ SESSIONS = {"conv-30": 1, "conv-26": 1}  # two small conversations: one per work
 class Runs:
     threads_store: Path
     dask_store: Path
+    batch_stores: dict[str, Path]  # both conversations in one task run (TMEM_BUILD_BATCH=2), on Dask and threads
     summaries: dict[str, dict[str, Any]]
     requests: dict[str, int]
     connects: dict[str, list[tuple[int, str, bool]]]  # worker address -> its duckdb.connect calls
@@ -65,9 +66,10 @@ def runs(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
             stack.callback(cluster.close)
             stack.callback(client.close)
             client.register_plugin(RecordDuckDBConnects())
-            runs = Runs(root / "threads", root / "dask", {}, {}, {})
-            ingest_slice(runs.threads_store, root / "threads.json", SESSIONS)
-            ingest_slice(runs.dask_store, root / "dask.json", SESSIONS)
+            runs = Runs(root / "threads", root / "dask", {n: root / n for n in ("dask-batch", "threads-batch")},
+                        {}, {}, {})
+            for store in (runs.threads_store, runs.dask_store, *runs.batch_stores.values()):
+                ingest_slice(store, root / f"{store.name}.json", SESSIONS)
 
             def run(name: str, store: Path) -> None:
                 before = len(server.requests)
@@ -85,6 +87,10 @@ def runs(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
             shutil.rmtree(runs.dask_store / "prefect")
             run("dask-rebuild", runs.dask_store)
             runs.connects = client.run(recorded_connects)
+            mp.setenv("TMEM_BUILD_BATCH", "2")
+            run("dask-batch", runs.batch_stores["dask-batch"])
+            mp.setenv("TMEM_TASK_RUNNER", "threads")
+            run("threads-batch", runs.batch_stores["threads-batch"])
         yield runs
     finally:
         stack.close()
@@ -133,3 +139,48 @@ def test_no_worker_process_opened_the_working_database(runs: Runs) -> None:
     exchange = [c for c in calls if Path(c[1]).parent.name == "exchange"]
     assert exchange and all(read_only for _, _, read_only in exchange)
     assert len({pid for pid, _, _ in exchange}) == 2  # both workers built a conversation
+
+
+@pytest.mark.parametrize("name", ["dask-batch", "threads-batch"])
+def test_a_batch_of_conversations_in_one_task_run_builds_what_one_task_each_builds(runs: Runs, name: str) -> None:
+    """Both conversations in one ``conversations/<id>+1`` task run: the same memory, calls and tokens,
+    and (on Dask) the worker's cache and ledger writes reach the store with the batch's result."""
+    threads, batch, store = runs.summaries["threads"], runs.summaries[name], runs.batch_stores[name]
+    assert batch["conversations_built"] == sorted(SESSIONS)
+    for cid in SESSIONS:
+        assert diff_images(memory_image(published(store), cid),
+                           memory_image(published(runs.threads_store), cid)) == [], cid
+    for key in ("llm_calls", "llm_cache_hits", "prompt_tokens", "completion_tokens", "cost_usd"):
+        assert batch[key] == threads[key], key
+    assert runs.requests[name] == runs.requests["threads"] > 0
+    keys = "SELECT cache_key FROM llm_cache ORDER BY cache_key"
+    assert _store_rows(store, keys) == _store_rows(runs.threads_store, keys) != []
+    ledger = "SELECT operation, count(*), sum(prompt_tokens) FROM llm_usage WHERE run_id = ? GROUP BY ALL ORDER BY ALL"
+    assert (_store_rows(store, ledger, [batch["run_id"]])
+            == _store_rows(runs.threads_store, ledger, [threads["run_id"]]))
+
+
+@pytest.mark.parametrize("name", ["dask-batch", "threads-batch"])
+def test_a_batched_build_runs_one_task_run_whose_log_names_each_conversation(runs: Runs, name: str) -> None:
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
+
+    first = sorted(SESSIONS)[0]
+
+    def probe() -> Any:
+        with get_client(sync_client=True) as client:
+            found = [r for r in client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[UUID(runs.summaries[name]["run_id"])]))) if r.name.startswith("conv")]
+            logs = [entry.message for r in found for entry in client.read_logs(
+                log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[r.id])))]
+            if not all(any(m.startswith(f"{cid}: embed:") for m in logs) for cid in SESSIONS):
+                return None  # logs reach the API in batches
+            return [(r.name, r.state_name) for r in found], logs
+
+    names, logs = wait_for(probe, what="the batch's task run and its log")
+    assert names == [(f"conversations/{first}+1", "Completed")]
+    for cid in SESSIONS:  # every stage line of the batch's log is headed by its conversation
+        assert any(m.startswith(f"{cid}: segment: ") for m in logs), (cid, logs)
+    assert not [m for m in logs if m.startswith(("segment: ", "embed: "))], logs

@@ -171,6 +171,15 @@ class Settings(BaseSettings, CascadeBudgets):
         16, ge=1, description="Conversations built at once by the thread-pool runner (LLM calls are bounded "
         "separately by llm_concurrency; the Dask runner builds dask_workers x dask_threads_per_worker at once).",
     )
+    build_batch: int = Field(
+        0, ge=0,
+        description="Conversations per task run of build-memory (a task run builds its conversations one after "
+        "another, each stage and retry in its log under the conversation's id). 0 = auto: one per task run while the "
+        "build has at most 4 conversations per slot (build_concurrency threads, or the Dask cluster's worker threads), "
+        "above that about 4 task runs per slot. A task run costs Prefect's engine and server CPU of its own (on a "
+        "Dask worker ~0.2 s: its context and API client), more than a nightly conversation's own work outside the "
+        "LLM and the encoder (bench/nightly_scale.py).",
+    )
     task_runner: TaskRunnerKind = Field(
         "threads", description="Where build-memory runs its conversation tasks: threads (this process) or dask."
     )

@@ -1,0 +1,75 @@
+"""Batches of conversations in one task run (tmem.build.batch): their size, their order, and each
+conversation's outcome on its own — a neighbour's failure, retry or interrupt as a unit of one."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tmem.build.batch import RETRY_DELAY_S, UNITS_PER_SLOT, batch_size, batches, build_in_turn
+from tmem.errors import LLMError
+from tmem.tasks.build import _ConversationLog
+
+
+def test_a_small_build_keeps_one_conversation_per_unit() -> None:
+    assert batch_size(2, slots=2) == 1
+    assert batch_size(UNITS_PER_SLOT * 64, slots=64) == 1
+
+
+def test_a_large_build_gives_every_slot_about_four_units() -> None:
+    size = batch_size(1000, slots=64)
+    assert size == 4
+    units = batches([f"c{n:04d}" for n in range(1000)], size)
+    assert len(units) == 250 and UNITS_PER_SLOT * 64 >= len(units) > (UNITS_PER_SLOT - 1) * 64
+    assert batch_size(1000, slots=0) == 250  # no slot known: still about four units
+
+
+def test_a_configured_size_wins() -> None:
+    assert batch_size(10, slots=64, configured=3) == 3
+    assert batches(["a", "b", "c", "d", "e", "f", "g"], 3) == [["a", "b", "c"], ["d", "e", "f"], ["g"]]
+
+
+def test_each_conversation_has_its_own_outcome_and_retry() -> None:
+    attempts: dict[str, int] = {}
+    waits: list[float] = []
+    llm = LLMError("segment", "b", "invalid output after repairs")
+
+    def build(cid: str) -> str:
+        attempts[cid] = attempts.get(cid, 0) + 1
+        if cid == "b":
+            raise llm  # after the stage's own retries: not asked again
+        if cid == "c" and attempts[cid] == 1:
+            raise ConnectionError("API went away")  # transient: one more attempt
+        if cid == "d":
+            raise RuntimeError(f"broken, attempt {attempts[cid]}")
+        return f"memory of {cid}"
+
+    outcomes = build_in_turn(["a", "b", "c", "d", "e"], build, sleep=waits.append)
+    assert list(outcomes) == ["a", "b", "c", "d", "e"]
+    assert outcomes["a"] == "memory of a" and outcomes["c"] == "memory of c" and outcomes["e"] == "memory of e"
+    assert outcomes["b"] is llm
+    assert isinstance(outcomes["d"], RuntimeError) and str(outcomes["d"]) == "broken, attempt 2"
+    assert attempts == {"a": 1, "b": 1, "c": 2, "d": 2, "e": 1}
+    assert waits == [RETRY_DELAY_S, RETRY_DELAY_S]
+
+
+def test_an_interrupt_ends_the_whole_unit() -> None:
+    built: list[str] = []
+
+    def build(cid: str) -> str:
+        if cid == "b":
+            raise KeyboardInterrupt
+        built.append(cid)
+        return cid
+
+    with pytest.raises(KeyboardInterrupt):
+        build_in_turn(["a", "b", "c"], build, sleep=lambda _: None)
+    assert built == ["a"]
+
+
+def test_a_batch_log_line_names_its_conversation(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("tests.batch")
+    with caplog.at_level(logging.INFO, logger="tests.batch"):
+        _ConversationLog(logger, {"conversation_id": "conv-7"}).info("segment: %d scenes", 3)
+    assert [r.getMessage() for r in caplog.records] == ["conv-7: segment: 3 scenes"]

@@ -1,0 +1,74 @@
+"""Several conversations in one orchestration unit: how many per unit, and building them in turn.
+
+An orchestrator's task run costs CPU of its own before the build starts (on a Dask worker, Prefect's
+task engine spends ~0.2 s per task run: its context, a new API client, state round trips), which
+for a nightly of one new session per conversation is more than the conversation's own work outside
+the LLM and the encoder. A batch divides that cost: a unit builds its conversations one after
+another, each exactly as a unit of one would (same stages, caches, notes, quarantine), and reports
+every conversation's outcome on its own — a failed conversation never fails its neighbours.
+
+:func:`batch_size` keeps units small enough that every worker thread still draws several of them
+(the last ones to finish decide the build's tail), and sends one conversation per unit whenever
+the build is small enough to afford it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from tmem.errors import LLMError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+UNITS_PER_SLOT = 4  # each worker thread draws about this many units of a batched build
+RETRY_DELAY_S = 5.0  # a conversation's one retry after an orchestration-side error, as its own task would wait
+
+
+def batch_size(conversations: int, slots: int, configured: int = 0) -> int:
+    """Conversations per unit: ``configured`` when set (> 0); else one while there are at most
+    :data:`UNITS_PER_SLOT` conversations per slot (a worker thread), and above that enough per unit
+    for about :data:`UNITS_PER_SLOT` units per slot."""
+    if configured > 0:
+        return configured
+    return max(1, math.ceil(conversations / (UNITS_PER_SLOT * max(1, slots))))
+
+
+def batches(conversation_ids: Sequence[str], size: int) -> list[list[str]]:
+    """``conversation_ids`` in order, cut into runs of ``size`` (the last may be shorter)."""
+    step = max(1, size)
+    return [list(conversation_ids[n:n + step]) for n in range(0, len(conversation_ids), step)]
+
+
+def retryable(error: BaseException) -> bool:
+    """Whether a conversation's failure is worth a second attempt: not an LLM error, which reached
+    here after its stage's own retries and the adapter's repairs (asking again is waste)."""
+    return not isinstance(error, LLMError)
+
+
+def build_in_turn(conversation_ids: Sequence[str], build: Callable[[str], T], *,
+                  sleep: Callable[[float], None] = time.sleep,
+                  retry_delay_s: float = RETRY_DELAY_S) -> dict[str, T | Exception]:
+    """Each conversation's outcome: what ``build`` returned for it, or the exception that ended it
+    after one retry of a :func:`retryable` failure. Finished stage units come from the stage cache,
+    so a retry redoes only what was lost. Interrupts (``KeyboardInterrupt``, ``SystemExit``) end the
+    whole unit, as they would a unit of one."""
+    outcomes: dict[str, T | Exception] = {}
+    for cid in conversation_ids:
+        for attempt in (1, 2):
+            try:
+                outcomes[cid] = build(cid)
+                break
+            except Exception as exc:  # noqa: BLE001 -- the conversation's outcome, reported by the caller
+                if attempt == 2 or not retryable(exc):
+                    outcomes[cid] = exc
+                    break
+                log.warning("conversation %s failed (attempt 1 of 2), retrying in %.0f s: %s: %s",
+                            cid, retry_delay_s, type(exc).__name__, str(exc)[:300])
+                sleep(retry_delay_s)
+    return outcomes
