@@ -118,3 +118,23 @@ def test_a_failed_vector_write_records_no_build_and_publishes_nothing(tmp_path: 
     info = current_snapshot(store)
     assert info is not None and info.snapshot_id == snapshot_id and info.conversations == ids
     assert memory_rows_written(store) == len(IDS)
+
+
+def test_build_records_replace_a_conversations_row_and_keep_their_types(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from tmem.store.memory_rows import record_memory_builds, recorded_builds
+
+    con = connect(tmp_path / "store")
+    try:
+        first, later = datetime(2026, 12, 1, 3, 0, tzinfo=UTC), datetime(2026, 12, 2, 3, 0, 0, 123456, tzinfo=UTC)
+        record_memory_builds(con, [("a", "b1", 7), ("b", "b1", 9)], "run-1", first)
+        record_memory_builds(con, [("b", "b2", 12), ("c", "b3", 3)], "run-2", later)
+        assert recorded_builds(con) == {"a": "b1", "b": "b2", "c": "b3"}
+        rows = con.execute("SELECT conversation_id, run_id, watermark_turn_seq, built_at FROM memory_builds "
+                           "ORDER BY conversation_id").fetchall()
+        assert rows == [("a", "run-1", 7, first), ("b", "run-2", 12, later), ("c", "run-2", 3, later)]
+        record_memory_builds(con, [], "run-3", later)  # nothing to record: nothing changes
+        assert con.execute("SELECT count(*) FROM memory_builds").fetchone() == (3,)
+    finally:
+        con.close()

@@ -5,8 +5,8 @@ threads as conversations are built at once. Called directly, each call is a smal
 its longest text, and concurrent calls fight over the same cores (torch's own threads times the
 callers): on 2 cores a nightly of 1,000 conversations spent far longer embedding than the same
 texts take in one pass. :class:`CoalescingEmbedder` puts every call on one queue; a single worker
-thread takes what is waiting — up to ``max_texts`` texts, after waiting ``linger_s`` for more — and
-embeds it in one call of the inner embedder (sentence-transformers sorts a call's texts by length,
+thread takes what is waiting — after waiting ``linger_s`` for more — and embeds its new texts in
+calls of the inner embedder (sentence-transformers sorts a call's texts by length,
 so batches are dense), then hands each caller its rows. Errors reach the callers whose texts were
 in the failed call. It also counts what it embedded and how long the inner embedder took.
 
@@ -23,10 +23,15 @@ conversation: the cache is a DuckDB table that a lookup scans (~100 ms at 83,000
 or 2,000 alike), so one lookup per conversation cost a nightly of 1,000 conversations ~100 s of CPU
 and a serialised ~110 s under the cache's lock, growing with the archive (``bench/nightly_scale.py``).
 
-A call takes up to ``max_texts`` = 2,048 texts (~20 conversations' views when they queue up): the
-model pads each batch to its longest text, and the more texts a call sorts by length, the less
-padding — on 40 synthetic conversations the word pieces processed per real one fall from 1.33
-(512 texts, ~5 conversations a call) to 1.19 (``bench/embed_build.py --parts padding``).
+The worker takes every request waiting (up to ``max_requested`` texts), answers what the memo and
+the cache hold, and embeds the rest in calls of up to ``max_texts`` = 2,048 new texts, answering each
+caller as soon as its texts are in. The model pads each batch to its longest text, and the more texts
+a call sorts by length, the less padding — on 40 synthetic conversations the word pieces processed per
+real one fall from 1.33 (512 texts, ~5 conversations a call) to 1.19 (``bench/embed_build.py --parts
+padding``). The cap counts new texts, not requested ones: a nightly conversation asks for all its
+views (~200) of which ~26 are new, and a cap of 2,048 *requested* texts made calls of ~250 new texts,
+which cost the encoder ~20 % more CPU per text than calls of 1,000 or more (3,000 texts of a nightly:
+58 against 48-50 core-s on 2 cores).
 """
 
 from __future__ import annotations
@@ -80,10 +85,11 @@ class CoalescingEmbedder(EmbedderWrapper):
     """An :class:`Embedder` funnelling every caller's texts through one worker thread (see the module)."""
 
     def __init__(self, inner: Embedder, *, cache: EmbeddingCache | None = None, max_texts: int = 2048,
-                 linger_s: float = 0.02, memo_texts: int = 16384) -> None:
+                 linger_s: float = 0.02, memo_texts: int = 16384, max_requested: int = 16384) -> None:
         super().__init__(inner)
         self.cache = cache
-        self.max_texts = max_texts
+        self.max_texts = max_texts  # new texts per inner call
+        self.max_requested = max(max_texts, max_requested)  # texts asked for, per take of the queue
         self.linger_s = linger_s
         self.memo_texts = memo_texts  # ~25 MB of 384-d vectors
         self.usage = EmbeddingUsage(opened_at=time.perf_counter())
@@ -139,7 +145,7 @@ class CoalescingEmbedder(EmbedderWrapper):
         taken: list[tuple[list[str], Future[npt.NDArray[np.float32]]]] = []
         size = 0
         with self._ready:
-            while self._queue and (not taken or size + len(self._queue[0][0]) <= self.max_texts):
+            while self._queue and (not taken or size + len(self._queue[0][0]) <= self.max_requested):
                 texts, done = self._queue.popleft()
                 taken.append((texts, done))
                 size += len(texts)
@@ -147,25 +153,37 @@ class CoalescingEmbedder(EmbedderWrapper):
 
     def _work(self) -> None:
         while (taken := self._take()) is not None:
-            texts = [t for batch, _ in taken for t in batch]
+            waiting = list(taken)
             try:
-                self._embed_new(texts)
-                answers = [self._rows(batch) for batch, _ in taken]
-            except BaseException as exc:  # noqa: BLE001 -- not swallowed: every caller of this call re-raises it
-                for _, done in taken:
-                    done.set_exception(exc)
+                fresh = self._lookup([t for batch, _ in taken for t in batch])
+                for start in range(0, len(fresh), self.max_texts):
+                    self._embed_call(fresh[start:start + self.max_texts])
+                    waiting = self._answer(waiting)  # callers whose texts are all in go on now
+                self._answer(waiting, finished=True)
+            except BaseException as exc:  # noqa: BLE001 -- not swallowed: every caller still waiting re-raises it
+                for _, done in waiting:
+                    if not done.done():
+                        done.set_exception(exc)
                 continue
-            for (_, done), rows in zip(taken, answers, strict=True):
-                done.set_result(rows)
             while len(self._memo) > self.memo_texts:
                 self._memo.popitem(last=False)
 
-    def _embed_new(self, texts: list[str]) -> None:
-        """Put the distinct texts not in the memo into it: from the cache (one lookup), the rest from
-        one inner call (then stored in the cache)."""
+    def _answer(self, waiting: list[tuple[list[str], Future[npt.NDArray[np.float32]]]], *,
+                finished: bool = False) -> list[tuple[list[str], Future[npt.NDArray[np.float32]]]]:
+        """Answer the callers whose texts are all in the memo (every one once ``finished``); the rest."""
+        left = []
+        for batch, done in waiting:
+            if finished or all(t in self._memo for t in batch):
+                done.set_result(self._rows(batch))
+            else:
+                left.append((batch, done))
+        return left
+
+    def _lookup(self, texts: list[str]) -> list[str]:
+        """Put the distinct texts found in the cache (one lookup) into the memo; the distinct texts
+        neither the memo nor the cache holds, in the order asked."""
         fresh = [t for t in dict.fromkeys(texts) if t not in self._memo]
         self.usage.requested += len(texts)
-        keys: dict[str, str] = {}
         if fresh and self.cache is not None:
             started = time.perf_counter()
             keys = {t: embedding_key(self.model_name, t) for t in fresh}
@@ -180,8 +198,11 @@ class CoalescingEmbedder(EmbedderWrapper):
             self._memo.update(hits)
             self.usage.cache_hits += len(hits)
             fresh = [t for t in fresh if t not in hits]
-        if not fresh:
-            return
+        return fresh
+
+    def _embed_call(self, fresh: list[str]) -> None:
+        """One inner call for ``fresh`` (distinct texts in neither memo nor cache): into the memo, and
+        stored in the cache."""
         started = time.perf_counter()
         if self.usage.first_call_at is None:
             self.usage.first_call_at = started
@@ -195,7 +216,8 @@ class CoalescingEmbedder(EmbedderWrapper):
         vectors = np.asarray(matrix, dtype=np.float32)
         if self.cache is not None:
             started = time.perf_counter()
-            self.cache.put_many(self.model_name, {keys[t]: vectors[n] for n, t in enumerate(fresh)})
+            self.cache.put_many(self.model_name, {embedding_key(self.model_name, t): vectors[n]
+                                                  for n, t in enumerate(fresh)})
             self.usage.lookup_s += time.perf_counter() - started
         self._memo.update(zip(fresh, vectors, strict=True))
 

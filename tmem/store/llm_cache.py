@@ -19,9 +19,8 @@ import duckdb
 import pyarrow as pa
 
 from tmem.ports import CacheEntry, OperationUsage, UsageRecord
+from tmem.store.duck import insert_arrow
 from tmem.store.group_commit import GroupCommit
-
-_STAGED = "tmem_llm_rows_staged"
 
 # Every column of the table as the migrations leave it (up to m008_construction_health and m010_forget);
 # also what the publisher writes for a Dask worker's rows.
@@ -68,15 +67,6 @@ class _Serialised:
                 cur.close()
 
 
-def _insert_arrow(cur: duckdb.DuckDBPyConnection, statement: str, table: pa.Table) -> None:
-    """Run ``statement`` (which reads ``{staged}``) with ``table`` registered under that name."""
-    cur.register(_STAGED, table)
-    try:
-        cur.execute(statement.format(staged=_STAGED))
-    finally:
-        cur.unregister(_STAGED)
-
-
 _CACHE_TYPES: dict[str, pa.DataType] = {
     "cache_key": pa.string(), "operation": pa.string(), "model": pa.string(), "prompt_version": pa.string(),
     "response": pa.string(), "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
@@ -112,7 +102,7 @@ def write_cache_rows(cur: duckdb.DuckDBPyConnection, entries: list[CacheEntry]) 
         columns = zip(*(_cache_values(e) for e in rows), strict=True)
         table = pa.table({name: pa.array(list(values), kind)
                           for (name, kind), values in zip(_CACHE_TYPES.items(), columns, strict=True)})
-        _insert_arrow(cur, f"{verb} INTO llm_cache ({names}) SELECT {names} FROM {{staged}}", table)  # noqa: S608 -- constant names
+        insert_arrow(cur, f"{verb} INTO llm_cache ({names}) SELECT {names} FROM {{staged}}", table)  # noqa: S608 -- constant names
 
 
 class DuckResponseCache(_Serialised):
@@ -213,4 +203,4 @@ def write_usage_rows(cur: duckdb.DuckDBPyConnection, records: list[UsageRecord])
     table = pa.table({name: pa.array(list(values), kind)
                       for (name, kind), values in zip(_USAGE_TYPES.items(), columns, strict=True)})
     names = ", ".join(_USAGE_TYPES)
-    _insert_arrow(cur, f"INSERT INTO llm_usage ({names}) SELECT {names} FROM {{staged}}", table)  # noqa: S608 -- constant names
+    insert_arrow(cur, f"INSERT INTO llm_usage ({names}) SELECT {names} FROM {{staged}}", table)  # noqa: S608 -- constant names
