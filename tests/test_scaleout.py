@@ -260,3 +260,48 @@ def test_the_worker_runtime_hands_its_thread_share_to_the_embedder(store: Path, 
         assert asked == [1]  # 64 workers on this machine's cores: one thread each
     finally:
         rt.con.close()
+
+
+def test_a_worker_reads_its_exchange_one_read_at_a_time(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turns, response-cache and embedding-cache reads of a worker share one lock: concurrent reads on
+    cursors of the exchange connection deadlocked a worker of a 1,000-conversation Dask nightly."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.query_store import HashEmbedder
+    from tmem.build.runtime import open_worker_runtime
+    from tmem.build.spec import BuildSpec
+    from tmem.providers import registry
+
+    monkeypatch.setattr(registry, "EMBEDDING_PROVIDERS", dict(registry.EMBEDDING_PROVIDERS))
+    registry.register_embedding_provider("toy-reads", lambda settings, threads: HashEmbedder())
+    settings = load_settings(store=store, embedding_provider="toy-reads", llm_base_url="http://127.0.0.1:9/v1",
+                             llm_api_key="sk-test")
+    con = connect(store)
+    try:
+        info = export_exchange(con, exchange_path(store, "run-reads"), ["conv-30"], settings)
+    finally:
+        con.close()
+    rt = open_worker_runtime(BuildSpec.resolve(store, settings), "run-reads", info.path)
+    try:
+        assert isinstance(rt.reads, type(threading.Lock()))
+
+        def turns() -> int:
+            with rt.reading() as cur:
+                return len(load_turns(cur, "conv-30"))
+
+        assert rt.embed_queue is not None and rt.embed_queue.cache is not None
+        reads = {
+            "turns": turns,
+            "embedding cache": lambda: rt.embed_queue.cache.get_many("m1", ["k"]),  # type: ignore[union-attr]
+            "response cache": lambda: rt.chat._inner._cache.get("no-such-key"),  # type: ignore[attr-defined]
+        }
+        with ThreadPoolExecutor(len(reads)) as pool:
+            with rt.reads:
+                waiting = {name: pool.submit(read) for name, read in reads.items()}
+                threading.Event().wait(0.3)
+                assert [name for name, f in waiting.items() if f.done()] == []  # each waits for the lock
+            results = {name: f.result(timeout=10) for name, f in waiting.items()}
+        assert results["turns"] > 0 and results["embedding cache"] == {} and results["response cache"] is None
+    finally:
+        rt.con.close()

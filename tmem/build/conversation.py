@@ -75,11 +75,8 @@ def build_conversation(rt: BuildRuntime, conversation_id: str, observer: StageOb
     """Build the memory and vectors of one conversation from its stored turns (``sleep``: how a
     retry waits)."""
     started = time.perf_counter()
-    cur = rt.con.cursor()
-    try:
+    with rt.reading() as cur:
         turns: tuple[Turn, ...] = load_turns(cur, conversation_id)
-    finally:
-        cur.close()
     if not turns:
         raise LLMError("load-turns", conversation_id, "conversation has no turns")
     cid, chat, settings = conversation_id, rt.chat, rt.settings

@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,6 +66,21 @@ class BuildRuntime:
     journal: WorkJournal | None = None  # set on a Dask worker: what it would have written to the store
     embed_queue: CoalescingEmbedder | None = None  # the one worker every conversation's new texts go through
     ledger: DuckUsageLedger | None = None  # the publisher's (deferred) usage ledger, flushed per conversation
+    # Set on a Dask worker: every read of ``con`` (turns, response and embedding cache) holds it, one at a
+    # time. Concurrent reads on cursors of the worker's exchange connection deadlocked a nightly of 1,000
+    # conversations (an Arrow export of the embedding cache waiting for the GIL while another thread,
+    # holding it, waited inside DuckDB to prepare a turns query); the reads take milliseconds.
+    reads: threading.Lock | None = None
+
+    @contextmanager
+    def reading(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor of ``con`` for one read (under :attr:`reads` when set), closed after."""
+        with self.reads or nullcontext():
+            cur = self.con.cursor()
+            try:
+                yield cur
+            finally:
+                cur.close()
 
     @property
     def store(self) -> Path:
@@ -185,19 +202,20 @@ def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRu
         con.close()
         raise
     journal = WorkJournal()
+    reads = threading.Lock()  # one read of the exchange at a time (BuildRuntime.reads)
     cached = CachedChatModel(
         chat_provider(settings, "build").adapter(settings, "build"),
-        cache=JournalingResponseCache(DuckResponseCache(con), journal),
+        cache=JournalingResponseCache(DuckResponseCache(con, lock=reads), journal),
         ledger=JournalingUsageLedger(journal),
         run_id=run_id,
     )
     queue = CoalescingEmbedder(_embedder(settings, worker=True),
-                               cache=JournalingEmbeddingCache(DuckEmbeddingCache(con), journal))
+                               cache=JournalingEmbeddingCache(DuckEmbeddingCache(con, lock=reads), journal))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=BoundedChatModel(cached, settings.llm_concurrency),
         embedder=queue,
         stages=StageCache.of_store(settings.store), fingerprint=build_fingerprint(settings, cached.model_name),
-        journal=journal, embed_queue=queue,
+        journal=journal, embed_queue=queue, reads=reads,
     )
 
 

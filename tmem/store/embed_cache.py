@@ -23,9 +23,9 @@ _OWNERS = "tmem_embedding_owners_staged"
 class DuckEmbeddingCache:
     """Vectors by (model, text hash) in ``embedding_cache``; existing entries are never overwritten."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, *, lock: threading.Lock | None = None) -> None:
         self._con = con
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()  # shared with other readers of ``con`` when given
 
     def get_many(self, model: str, text_hashes: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
         if not text_hashes:

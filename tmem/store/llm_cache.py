@@ -53,9 +53,9 @@ _SUMMARY = """
 
 
 class _Serialised:
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, *, lock: threading.Lock | None = None) -> None:
         self._con = con
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()  # shared with other readers of ``con`` when given
 
     @contextmanager
     def _cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -114,8 +114,9 @@ class DuckResponseCache(_Serialised):
     each cost a lookup of ~1 ms of CPU). Only for the working database's single writer, whose
     answers all go through this object: a key another writer stored meanwhile would be asked again."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, *, known_keys: bool = False) -> None:
-        super().__init__(con)
+    def __init__(self, con: duckdb.DuckDBPyConnection, *, known_keys: bool = False,
+                 lock: threading.Lock | None = None) -> None:
+        super().__init__(con, lock=lock)
         self.writes: GroupCommit[CacheEntry] = GroupCommit(con, write_cache_rows, cursor_lock=self._lock,
                                                            name="llm-cache")
         self._known: set[str] | None = None
