@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -234,11 +235,27 @@ def test_a_local_dask_worker_embeds_with_its_share_of_the_cores() -> None:
     assert embedding_threads(load_settings(dask_workers=2, embedding_threads=2), worker=True, cores=2) == 2
 
 
-def test_the_worker_runtime_hands_its_thread_share_to_the_embedder(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.query_store import HashEmbedder
+def _worker_runtime(store: Path, monkeypatch: pytest.MonkeyPatch, run_id: str, embedder: Any, **settings: Any) -> Any:
+    """A Dask worker's runtime over an exchange of conv-30, its embedder made by ``embedder(settings, threads)``
+    (registered as a toy provider for this test)."""
     from tmem.build.runtime import open_worker_runtime
     from tmem.build.spec import BuildSpec
     from tmem.providers import registry
+
+    monkeypatch.setattr(registry, "EMBEDDING_PROVIDERS", dict(registry.EMBEDDING_PROVIDERS))
+    registry.register_embedding_provider(f"toy-{run_id}", embedder)
+    resolved = load_settings(store=store, embedding_provider=f"toy-{run_id}", llm_base_url="http://127.0.0.1:9/v1",
+                             llm_api_key="sk-test", **settings)
+    con = connect(store)
+    try:
+        info = export_exchange(con, exchange_path(store, run_id), ["conv-30"], resolved)
+    finally:
+        con.close()
+    return open_worker_runtime(BuildSpec.resolve(store, resolved), run_id, info.path)
+
+
+def test_the_worker_runtime_hands_its_thread_share_to_the_embedder(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.query_store import HashEmbedder
 
     asked: list[int] = []
 
@@ -246,16 +263,7 @@ def test_the_worker_runtime_hands_its_thread_share_to_the_embedder(store: Path, 
         asked.append(threads)
         return HashEmbedder()
 
-    monkeypatch.setattr(registry, "EMBEDDING_PROVIDERS", dict(registry.EMBEDDING_PROVIDERS))
-    registry.register_embedding_provider("toy-threads", toy)
-    settings = load_settings(store=store, embedding_provider="toy-threads", dask_workers=64, llm_base_url="http://127.0.0.1:9/v1",
-                             llm_api_key="sk-test")
-    con = connect(store)
-    try:
-        info = export_exchange(con, exchange_path(store, "run-threads"), ["conv-30"], settings)
-    finally:
-        con.close()
-    rt = open_worker_runtime(BuildSpec.resolve(store, settings), "run-threads", info.path)
+    rt = _worker_runtime(store, monkeypatch, "run-threads", toy, dask_workers=64)
     try:
         assert asked == [1]  # 64 workers on this machine's cores: one thread each
     finally:
@@ -269,20 +277,8 @@ def test_a_worker_reads_its_exchange_one_read_at_a_time(store: Path, monkeypatch
     from concurrent.futures import ThreadPoolExecutor
 
     from tests.query_store import HashEmbedder
-    from tmem.build.runtime import open_worker_runtime
-    from tmem.build.spec import BuildSpec
-    from tmem.providers import registry
 
-    monkeypatch.setattr(registry, "EMBEDDING_PROVIDERS", dict(registry.EMBEDDING_PROVIDERS))
-    registry.register_embedding_provider("toy-reads", lambda settings, threads: HashEmbedder())
-    settings = load_settings(store=store, embedding_provider="toy-reads", llm_base_url="http://127.0.0.1:9/v1",
-                             llm_api_key="sk-test")
-    con = connect(store)
-    try:
-        info = export_exchange(con, exchange_path(store, "run-reads"), ["conv-30"], settings)
-    finally:
-        con.close()
-    rt = open_worker_runtime(BuildSpec.resolve(store, settings), "run-reads", info.path)
+    rt = _worker_runtime(store, monkeypatch, "run-reads", lambda settings, threads: HashEmbedder())
     try:
         assert isinstance(rt.reads, type(threading.Lock()))
 

@@ -155,9 +155,9 @@ class CoalescingEmbedder(EmbedderWrapper):
         while (taken := self._take()) is not None:
             waiting = list(taken)
             try:
-                fresh = self._lookup([t for batch, _ in taken for t in batch])
+                fresh, keys = self._lookup([t for batch, _ in taken for t in batch])
                 for start in range(0, len(fresh), self.max_texts):
-                    self._embed_call(fresh[start:start + self.max_texts])
+                    self._embed_call(fresh[start:start + self.max_texts], keys)
                     waiting = self._answer(waiting)  # callers whose texts are all in go on now
                 self._answer(waiting, finished=True)
             except BaseException as exc:  # noqa: BLE001 -- not swallowed: every caller still waiting re-raises it
@@ -179,11 +179,12 @@ class CoalescingEmbedder(EmbedderWrapper):
                 left.append((batch, done))
         return left
 
-    def _lookup(self, texts: list[str]) -> list[str]:
+    def _lookup(self, texts: list[str]) -> tuple[list[str], dict[str, str]]:
         """Put the distinct texts found in the cache (one lookup) into the memo; the distinct texts
-        neither the memo nor the cache holds, in the order asked."""
+        neither the memo nor the cache holds, in the order asked, and their cache keys (with a cache)."""
         fresh = [t for t in dict.fromkeys(texts) if t not in self._memo]
         self.usage.requested += len(texts)
+        keys: dict[str, str] = {}
         if fresh and self.cache is not None:
             started = time.perf_counter()
             keys = {t: embedding_key(self.model_name, t) for t in fresh}
@@ -198,11 +199,11 @@ class CoalescingEmbedder(EmbedderWrapper):
             self._memo.update(hits)
             self.usage.cache_hits += len(hits)
             fresh = [t for t in fresh if t not in hits]
-        return fresh
+        return fresh, keys
 
-    def _embed_call(self, fresh: list[str]) -> None:
+    def _embed_call(self, fresh: list[str], keys: dict[str, str]) -> None:
         """One inner call for ``fresh`` (distinct texts in neither memo nor cache): into the memo, and
-        stored in the cache."""
+        stored in the cache under ``keys`` (from :meth:`_lookup`)."""
         started = time.perf_counter()
         if self.usage.first_call_at is None:
             self.usage.first_call_at = started
@@ -216,8 +217,7 @@ class CoalescingEmbedder(EmbedderWrapper):
         vectors = np.asarray(matrix, dtype=np.float32)
         if self.cache is not None:
             started = time.perf_counter()
-            self.cache.put_many(self.model_name, {embedding_key(self.model_name, t): vectors[n]
-                                                  for n, t in enumerate(fresh)})
+            self.cache.put_many(self.model_name, {keys[t]: vectors[n] for n, t in enumerate(fresh)})
             self.usage.lookup_s += time.perf_counter() - started
         self._memo.update(zip(fresh, vectors, strict=True))
 
