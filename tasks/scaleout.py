@@ -59,6 +59,10 @@ def task_runner_for(settings: Settings, api_url: str | None = None) -> TaskRunne
     cluster: dict[str, Any] = {
         "n_workers": settings.dask_workers, "threads_per_worker": settings.dask_threads_per_worker,
         "processes": True, "dashboard_address": None,
+        # Without a dashboard nobody reads Dask's statistical profiler, which walks every thread's stack
+        # each 10 ms: ~7 % of a worker's CPU in a profiled 200-conversation nightly (bench/nightly_scale.py).
+        # (a dotted key: the nanny merges this over the whole config one level deep, the worker sets it)
+        "config": {"distributed.worker.profile.enabled": False},
     }
     if api_url:
         cluster["env"] = {"PREFECT_API_URL": api_url}
@@ -112,10 +116,15 @@ def conversation_units(conversation_ids: list[str], settings: Settings) -> list[
 
 def open_exchange_for_workers(rt: BuildRuntime, conversation_ids: list[str]) -> str | None:
     """On Dask, export the run's exchange file before any conversation is submitted; its path (the
-    workers' tasks receive it), or None when the tasks run in threads here."""
+    workers' tasks receive it), or None when the tasks run in threads here. It names the publisher's
+    encoder service when there is one; a local cluster's workers all embed through it, so the
+    embedding cache stays out of the file."""
     if dask_client() is None:
         return None
-    return str(export_exchange(rt.con, exchange_path(rt.store, rt.run_id), conversation_ids, rt.settings).path)
+    served = rt.service.address if rt.service is not None else None
+    every_worker_here = served is not None and not rt.settings.dask_address
+    return str(export_exchange(rt.con, exchange_path(rt.store, rt.run_id), conversation_ids, rt.settings,
+                               encoder=served, embeddings=not every_worker_here).path)
 
 
 def finish_worker_run(spec: BuildSpec, run_id: str, exchange: str) -> JournalBatch | None:

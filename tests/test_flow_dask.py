@@ -120,6 +120,14 @@ def test_worker_writes_reach_the_store_through_the_publisher(runs: Runs) -> None
     assert not any((runs.dask_store / "exchange").iterdir())  # the run's exchange file is gone
 
 
+def test_the_workers_embed_through_the_publishers_encoder(runs: Runs) -> None:
+    """Workers on the flow's machine send their texts to the publisher's one queue (tmem/llm/embed_service.py):
+    its figures in the build report count every text the thread pool's queue embedded for the same build."""
+    threads, dask = runs.summaries["threads"]["embedding"], runs.summaries["dask"]["embedding"]
+    assert dask["texts"] == threads["texts"] > 0 and dask["model_calls"] > 0
+    assert dask["prefetched"] > 0  # the workers' scene views went ahead on it too
+
+
 def test_a_dask_rebuild_is_answered_by_the_cache_the_workers_read_from_the_exchange(runs: Runs) -> None:
     rebuild = runs.summaries["dask-rebuild"]
     assert runs.requests["dask-rebuild"] == 0

@@ -16,11 +16,18 @@ from tmem.errors import ConfigError, StoreError
 from tmem.llm.cached_embedder import InMemoryEmbeddingCache
 from tmem.llm.journal import JournalingEmbeddingCache, JournalingResponseCache, JournalingUsageLedger, WorkJournal
 from tmem.llm.response_cache import InMemoryResponseCache
-from tmem.ports import CacheEntry, EmbeddingEntry, JournalBatch, UsageRecord
+from tmem.ports import CacheEntry, EmbeddingEntry, JournalBatch, ServiceAddress, UsageRecord
 from tmem.settings import load_settings
 from tmem.store.conversations import load_turns
 from tmem.store.duck import connect
-from tmem.store.exchange import check_worker_settings, exchange_path, export_exchange, open_exchange, write_journal
+from tmem.store.exchange import (
+    check_worker_settings,
+    exchange_path,
+    export_exchange,
+    open_exchange,
+    served_encoder,
+    write_journal,
+)
 from tmem.store.lance import VectorRow, VectorStore
 from tmem.store.lance_location import is_object_uri, lance_uri, pinned_lance_uri
 
@@ -122,6 +129,27 @@ def test_exchange_holds_the_runs_turns_and_the_build_models_cache_rows_read_only
         open_exchange(exchange_path(store, "never-exported"))
 
 
+def test_the_exchange_names_the_publishers_encoder_and_may_leave_the_embedding_cache_out(store: Path) -> None:
+    settings = load_settings(store=store)
+    served = ServiceAddress("publisher-host", "/tmp/tmem-encoder-x/encoder.sock", "ab" * 32)
+    con = connect(store)
+    try:
+        plain = export_exchange(con, exchange_path(store, "run-plain"), ["conv-30"], settings)
+        local = export_exchange(con, exchange_path(store, "run-local"), ["conv-30"], settings,
+                                encoder=served, embeddings=False)
+    finally:
+        con.close()
+    assert (plain.embedding_rows, local.embedding_rows) == (1, 0)
+    assert (plain.turns, plain.llm_cache_rows) == (local.turns, local.llm_cache_rows)
+    for info, encoder in ((plain, None), (local, served)):
+        ex = open_exchange(info.path)
+        try:
+            assert served_encoder(ex) == encoder
+            assert ex.execute("SELECT count(*) FROM embedding_cache").fetchone() == (info.embedding_rows,)
+        finally:
+            ex.close()
+
+
 def test_write_journal_is_one_transaction(store: Path) -> None:
     con = connect(store)
     try:
@@ -164,6 +192,23 @@ def test_a_large_journal_replaces_stored_keys_and_inserts_the_rest(store: Path) 
 
 
 # ---- settings: task runner, Lance location ------------------------------------------------
+
+
+def _profiling(dask_worker: Any) -> bool:
+    return "profile" in dask_worker.periodic_callbacks
+
+
+def test_a_local_clusters_workers_run_without_dasks_own_profiler() -> None:
+    from distributed import Client, LocalCluster
+
+    from tmem.tasks.scaleout import task_runner_for
+
+    runner: Any = task_runner_for(load_settings(task_runner="dask", dask_workers=1, dask_threads_per_worker=1))
+    with LocalCluster(**runner.cluster_kwargs) as cluster, Client(cluster) as client:
+        assert list(client.run(_profiling).values()) == [False]
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        assert list(client.run(_profiling).values()) == [True]  # Dask's default, which the runner turns off
 
 
 def test_task_runner_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,9 +280,10 @@ def test_a_local_dask_worker_embeds_with_its_share_of_the_cores() -> None:
     assert embedding_threads(load_settings(dask_workers=2, embedding_threads=2), worker=True, cores=2) == 2
 
 
-def _worker_runtime(store: Path, monkeypatch: pytest.MonkeyPatch, run_id: str, embedder: Any, **settings: Any) -> Any:
-    """A Dask worker's runtime over an exchange of conv-30, its embedder made by ``embedder(settings, threads)``
-    (registered as a toy provider for this test)."""
+def _worker_runtime(store: Path, monkeypatch: pytest.MonkeyPatch, run_id: str, embedder: Any,
+                    encoder: ServiceAddress | None = None, **settings: Any) -> Any:
+    """A Dask worker's runtime over an exchange of conv-30 (naming ``encoder``, the publisher's service), its
+    own embedder made by ``embedder(settings, threads)`` (registered as a toy provider for this test)."""
     from tmem.build.runtime import open_worker_runtime
     from tmem.build.spec import BuildSpec
     from tmem.providers import registry
@@ -248,10 +294,46 @@ def _worker_runtime(store: Path, monkeypatch: pytest.MonkeyPatch, run_id: str, e
                              llm_api_key="sk-test", **settings)
     con = connect(store)
     try:
-        info = export_exchange(con, exchange_path(store, run_id), ["conv-30"], resolved)
+        info = export_exchange(con, exchange_path(store, run_id), ["conv-30"], resolved, encoder=encoder)
     finally:
         con.close()
     return open_worker_runtime(BuildSpec.resolve(store, resolved), run_id, info.path)
+
+
+def test_a_worker_on_the_publishers_machine_embeds_through_its_service(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.query_store import HashEmbedder
+    from tmem.llm.embed_queue import CoalescingEmbedder
+    from tmem.llm.embed_service import EmbeddingService, RemoteEmbedder
+
+    own: list[int] = []
+
+    def toy(settings: object, threads: int) -> HashEmbedder:
+        own.append(threads)
+        return HashEmbedder()
+
+    publisher = CoalescingEmbedder(HashEmbedder(), linger_s=0.0)
+    service = EmbeddingService(publisher)
+    try:
+        # the model name the worker checks is the embedding_model both sides are set to
+        model = load_settings(store=store).embedding_model
+        monkeypatch.setattr(HashEmbedder, "model_name", property(lambda self: model))
+        rt = _worker_runtime(store, monkeypatch, "run-served", toy, encoder=service.address)
+        try:
+            assert isinstance(rt.embedder, RemoteEmbedder) and rt.embed_queue is None and own == []  # no model here
+            assert rt.embedder.embed(["a view"]).shape == (1, HashEmbedder().dim) and publisher.usage.texts == 1
+            rt.embedder.prefetch(["a scene summary", "a dialogue window"])
+            assert publisher.usage.prefetched == 2  # the worker's scene views go ahead on the publisher's queue
+        finally:
+            rt.con.close()
+        elsewhere = ServiceAddress("another-host.example", service.address.address, service.address.authkey)
+        rt = _worker_runtime(store, monkeypatch, "run-elsewhere", toy, encoder=elsewhere)
+        try:
+            assert isinstance(rt.embedder, CoalescingEmbedder) and rt.embed_queue is rt.embedder and len(own) == 1
+        finally:
+            rt.con.close()
+    finally:
+        service.close()
+        publisher.close()
 
 
 def test_the_worker_runtime_hands_its_thread_share_to_the_embedder(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:

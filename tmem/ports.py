@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -213,6 +213,30 @@ class EmbeddingEntry:
     model: str
     text_hash: str
     vector: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class ServiceAddress:
+    """Where a build's encoder service listens (:mod:`tmem.llm.embed_service`): its machine, Unix
+    socket and key (hex). The run's exchange file carries it to the build's workers."""
+
+    host: str
+    address: str
+    authkey: str
+
+    def here(self) -> bool:
+        """Whether this process runs on the service's machine (a Unix socket reaches no further)."""
+        import socket
+        from pathlib import Path
+
+        return self.host == socket.gethostname() and Path(self.address).exists()
+
+
+@runtime_checkable
+class Prefetcher(Protocol):
+    """An embedder that can queue texts ahead of the call that needs their rows."""
+
+    def prefetch(self, texts: list[str]) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -188,6 +188,13 @@ class Settings(BaseSettings, CascadeBudgets):
     )
     dask_workers: int = Field(2, ge=1, description="Worker processes of the local Dask cluster (no dask_address).")
     dask_threads_per_worker: int = Field(4, ge=1, description="Conversations built at once per local Dask worker.")
+    dask_shared_encoder: bool = Field(
+        True,
+        description="Dask workers on the flow's machine embed through the flow process's encoder (one queue, one "
+        "set of encoder children for the machine; tmem/llm/embed_service.py) instead of an encoder each; workers on "
+        "other machines embed with their own. A local cluster's workers then load no model and the exchange file "
+        "carries no embedding cache.",
+    )
     segment_window: int = Field(16, ge=2, description="Turns per segmentation window.")
     topic_batch: int = Field(10, ge=1, description="Topic labels per matching call (paper b=10).")
     topic_shortlist: int = Field(

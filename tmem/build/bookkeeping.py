@@ -115,7 +115,8 @@ class BuildRun:
                            status)
 
     def embedding(self) -> dict[str, Any]:
-        """What this process's embedding queue did in the run (a Dask worker's queue is its own)."""
+        """What this process's embedding queue did in the run: on Dask it serves the workers on this
+        machine (``TMEM_DASK_SHARED_ENCODER``); a worker embedding with its own encoder is not counted."""
         queue = self.rt.embed_queue
         if queue is None:
             return {}

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tmem.domain import ConversationMemory, Scene, Turn
-from tmem.llm.embed_queue import CoalescingEmbedder
-from tmem.ports import Embedder
+from tmem.ports import Embedder, Prefetcher
 from tmem.store.lance import VectorRow
 from tmem.views.texts import DIALOGUE_WINDOW_TURNS, memory_views, scene_views, word_budget
 
@@ -31,8 +30,8 @@ def prefetch_scene_views(scenes: Sequence[Scene], turns_by_id: Mapping[str, Turn
     longest texts of a conversation) on the build's embedding worker without waiting, so the encoder
     works on them while the conversation's later stages wait for the LLM; the conversation's own
     :func:`embed_memory_views` then finds them embedded. Returns how many texts were queued (0: the
-    embedder is not the build's queue)."""
-    if not isinstance(embedder, CoalescingEmbedder):
+    embedder queues nothing ahead: neither the build's queue nor its encoder service)."""
+    if not isinstance(embedder, Prefetcher):
         return 0
     views = scene_views(scenes, turns_by_id, dialogue_words=word_budget(embedder.max_input_tokens),
                         dialogue_turns=DIALOGUE_WINDOW_TURNS)

@@ -43,6 +43,7 @@ from tmem.store.stage_cache import StageCache
 if TYPE_CHECKING:
     import duckdb
 
+    from tmem.llm.embed_service import EmbeddingService
     from tmem.llm.journal import WorkJournal
     from tmem.ports import JournalBatch
     from tmem.providers.encoder_process import EncoderPool
@@ -66,6 +67,8 @@ class BuildRuntime:
     journal: WorkJournal | None = None  # set on a Dask worker: what it would have written to the store
     embed_queue: CoalescingEmbedder | None = None  # the one worker every conversation's new texts go through
     ledger: DuckUsageLedger | None = None  # the publisher's (deferred) usage ledger, flushed per conversation
+    # The publisher's, on Dask with dask_shared_encoder: its queue served to the workers on this machine.
+    service: EmbeddingService | None = None
     # Set on a Dask worker: every read of ``con`` (turns, response and embedding cache) holds it, one at a
     # time. Concurrent reads on cursors of the worker's exchange connection deadlocked a nightly of 1,000
     # conversations (an Arrow export of the embedding cache waiting for the GIL while another thread,
@@ -113,13 +116,20 @@ def open_publisher_runtime(spec: BuildSpec, run_id: str) -> BuildRuntime:
     ledger = DuckUsageLedger(con, deferred=True)
     # this process is the store's one writer: a key it never stored is not looked up
     chat = chat_model_for(settings, "build", con, run_id, ledger=ledger, cache=DuckResponseCache(con, known_keys=True))
-    # on Dask the workers embed the conversations: the publisher's encoder starts only if it is asked
-    queue = CoalescingEmbedder(_embedder(settings, worker=False, start=settings.task_runner == "threads"),
-                               cache=DuckEmbeddingCache(con))
+    # On Dask the publisher's queue serves the workers on this machine (dask_shared_encoder); its encoder
+    # starts ahead for a local cluster's workers, else (workers elsewhere, or encoders of their own) on use.
+    serve = settings.task_runner == "dask" and settings.dask_shared_encoder
+    start = settings.task_runner == "threads" or (serve and not settings.dask_address)
+    queue = CoalescingEmbedder(_embedder(settings, worker=False, start=start), cache=DuckEmbeddingCache(con))
+    service = None
+    if serve:
+        from tmem.llm.embed_service import EmbeddingService
+
+        service = EmbeddingService(queue)
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=chat,
         embedder=queue, stages=StageCache.of_store(settings.store),
-        fingerprint=build_fingerprint(settings, chat.model_name), embed_queue=queue, ledger=ledger,
+        fingerprint=build_fingerprint(settings, chat.model_name), embed_queue=queue, ledger=ledger, service=service,
     )
 
 
@@ -191,7 +201,7 @@ def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRu
     """The runtime of a process that must not write the working database (a Dask worker)."""
     from tmem.llm.journal import JournalingEmbeddingCache, JournalingResponseCache, JournalingUsageLedger, WorkJournal
     from tmem.llm.response_cache import CachedChatModel
-    from tmem.store.exchange import check_worker_settings, open_exchange
+    from tmem.store.exchange import check_worker_settings, open_exchange, served_encoder
     from tmem.store.llm_cache import DuckResponseCache
 
     settings = spec.load_settings()
@@ -209,11 +219,24 @@ def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRu
         ledger=JournalingUsageLedger(journal),
         run_id=run_id,
     )
-    queue = CoalescingEmbedder(_embedder(settings, worker=True),
-                               cache=JournalingEmbeddingCache(DuckEmbeddingCache(con, lock=reads), journal))
+    served = served_encoder(con)
+    embedder: Embedder
+    queue = None
+    if served is not None and served.here():
+        # the publisher's encoder, on this machine: its queue looks texts up and stores them itself
+        from tmem.llm.embed_service import RemoteEmbedder
+
+        try:
+            embedder = RemoteEmbedder(served, settings.embedding_model)
+        except BaseException:
+            con.close()
+            raise
+    else:
+        embedder = queue = CoalescingEmbedder(
+            _embedder(settings, worker=True), cache=JournalingEmbeddingCache(DuckEmbeddingCache(con, lock=reads), journal))
     return BuildRuntime(
         spec=spec, settings=settings, run_id=run_id, con=con, chat=BoundedChatModel(cached, settings.llm_concurrency),
-        embedder=queue,
+        embedder=embedder,
         stages=StageCache.of_store(settings.store), fingerprint=build_fingerprint(settings, cached.model_name),
         journal=journal, embed_queue=queue, reads=reads,
     )
@@ -258,6 +281,8 @@ def release(spec: BuildSpec, run_id: str, exchange: str | None = None) -> Journa
     if found is None:
         return None
     left = found.journal.drain() if found.journal is not None else None
+    if found.service is not None:
+        found.service.close()
     if found.embed_queue is not None:
         found.embed_queue.close()
     try:

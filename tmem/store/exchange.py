@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from tmem.errors import ConfigError, StoreError
-from tmem.ports import JournalBatch
+from tmem.ports import JournalBatch, ServiceAddress
 from tmem.settings import Settings
 from tmem.store.duck import open_read_only
 from tmem.store.llm_cache import write_cache_rows, write_usage_rows
@@ -68,9 +68,15 @@ def check_worker_settings(con: duckdb.DuckDBPyConnection, path: Path, settings: 
 
 
 def export_exchange(
-    con: duckdb.DuckDBPyConnection, path: Path, conversation_ids: list[str], settings: Settings
+    con: duckdb.DuckDBPyConnection, path: Path, conversation_ids: list[str], settings: Settings, *,
+    encoder: ServiceAddress | None = None, embeddings: bool = True,
 ) -> ExchangeInfo:
-    """Write the exchange file (replacing any earlier one at ``path``); atomic by rename."""
+    """Write the exchange file (replacing any earlier one at ``path``); atomic by rename.
+
+    ``encoder``: the publisher's encoder service, which workers on its machine embed through
+    (:mod:`tmem.llm.embed_service`). ``embeddings=False`` leaves the embedding cache out (its table
+    is there, empty): every worker embeds through the service, whose queue looks texts up in the
+    working database itself — at 1,000 conversations the cache holds ~200,000 vectors."""
     view = build_settings_view(settings)
     llm_model, embedding_model = view["TMEM_LLM_BUILD_MODEL"], view["TMEM_EMBEDDING_MODEL"]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,9 +94,13 @@ def export_exchange(
             cur.execute("CREATE TABLE tmem_exchange.llm_cache AS SELECT * FROM llm_cache WHERE model = ?", [llm_model])
             cur.execute("CREATE UNIQUE INDEX llm_cache_key ON tmem_exchange.llm_cache (cache_key)")
             cur.execute(
-                "CREATE TABLE tmem_exchange.embedding_cache AS SELECT * FROM embedding_cache WHERE model = ?",
-                [embedding_model],
+                "CREATE TABLE tmem_exchange.embedding_cache AS SELECT * FROM embedding_cache WHERE model = ? AND ?",
+                [embedding_model, embeddings],
             )
+            cur.execute("CREATE TABLE tmem_exchange.exchange_encoder (host VARCHAR, address VARCHAR, authkey VARCHAR)")
+            if encoder is not None:
+                cur.execute("INSERT INTO tmem_exchange.exchange_encoder VALUES (?, ?, ?)",
+                            [encoder.host, encoder.address, encoder.authkey])
             cur.execute("CREATE TABLE tmem_exchange.exchange_settings (key VARCHAR PRIMARY KEY, value VARCHAR)")
             cur.executemany("INSERT INTO tmem_exchange.exchange_settings VALUES (?, ?)", sorted(view.items()))
             counts = [
@@ -105,6 +115,16 @@ def export_exchange(
         cur.close()
     os.replace(partial, path)
     return ExchangeInfo(path, *counts)
+
+
+def served_encoder(con: duckdb.DuckDBPyConnection) -> ServiceAddress | None:
+    """The publisher's encoder service named by the exchange, if it serves one."""
+    cur = con.cursor()
+    try:
+        row = cur.execute("SELECT host, address, authkey FROM exchange_encoder").fetchone()
+    finally:
+        cur.close()
+    return ServiceAddress(str(row[0]), str(row[1]), str(row[2])) if row else None
 
 
 def open_exchange(path: Path) -> duckdb.DuckDBPyConnection:

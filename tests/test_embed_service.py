@@ -1,0 +1,105 @@
+"""The build's encoder served to its other processes on the machine (tmem/llm/embed_service.py):
+a worker's texts join the publisher's one queue over a Unix socket and come back as the rows the
+queue's encoder gives; failures reach the worker as EmbeddingError naming the service; a process
+without the key is refused; a worker on another machine keeps an encoder of its own."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from tests.test_embed import CountingEmbedder, HashEmbedder
+from tmem.errors import EmbeddingError
+from tmem.llm.embed_queue import CoalescingEmbedder
+from tmem.llm.embed_service import EmbeddingService, RemoteEmbedder
+from tmem.ports import Prefetcher, ServiceAddress
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[EmbeddingService, CountingEmbedder]]:
+    inner = CountingEmbedder(HashEmbedder())
+    service = EmbeddingService(CoalescingEmbedder(inner, linger_s=0.01))
+    try:
+        yield service, inner
+    finally:
+        service.close()
+        service.queue.close()
+
+
+def test_a_workers_texts_come_back_as_the_queue_embeds_them(served: tuple[EmbeddingService, CountingEmbedder]) -> None:
+    service, inner = served
+    remote = RemoteEmbedder(service.address, inner.model_name)
+    assert (remote.dim, remote.max_input_tokens) == (inner.dim, inner.max_input_tokens)
+    asks = [[f"conversation {n} view {k}" for k in range(n % 4 + 1)] for n in range(12)]
+    with ThreadPoolExecutor(6) as pool:  # as a worker's conversations do, from threads of their own
+        results = list(pool.map(remote.embed, asks))
+    reference = HashEmbedder()
+    for texts, rows in zip(asks, results, strict=True):
+        assert rows.dtype == np.float32 and np.array_equal(rows, reference.embed(texts))
+    assert inner.texts_embedded == sum(len(a) for a in asks) == service.queue.usage.texts  # counted here, once
+    assert remote.embed([]).shape == (0, inner.dim) and inner.texts_embedded == sum(len(a) for a in asks)
+
+
+def test_a_prefetch_is_queued_and_the_later_embedding_finds_it(served: tuple[EmbeddingService, CountingEmbedder]) -> None:
+    service, inner = served
+    remote = RemoteEmbedder(service.address, inner.model_name)
+    assert isinstance(remote, Prefetcher)  # so prefetch_scene_views sends the scene views ahead
+    remote.prefetch(["summary of scene 1", "dialogue of scene 1"])
+    rows = remote.embed(["summary of scene 1", "dialogue of scene 1", "an item"])
+    assert np.array_equal(rows, HashEmbedder().embed(["summary of scene 1", "dialogue of scene 1", "an item"]))
+    assert inner.texts_embedded == 3 and service.queue.usage.prefetched == 2  # the prefetched two, once
+
+
+class Poisoned(CountingEmbedder):
+    def embed_texts(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        if "poison" in texts:
+            raise EmbeddingError(self.model_name, "the model fell over")
+        return super().embed_texts(texts)
+
+
+def test_a_failure_reaches_the_worker_and_the_service_goes_on() -> None:
+    inner = Poisoned(HashEmbedder())
+    service = EmbeddingService(CoalescingEmbedder(inner, linger_s=0.0))
+    try:
+        remote = RemoteEmbedder(service.address, inner.model_name)
+        with pytest.raises(EmbeddingError, match=r"encoder service at .*fell over"):
+            remote.embed(["fine", "poison"])
+        assert remote.embed(["fine"]).shape == (1, inner.dim)
+        service.queue.close()  # the build ended under a late request: the worker is told, not left waiting
+        with pytest.raises(EmbeddingError, match="RuntimeError: the build's embedder was closed"):
+            remote.embed(["late"])
+    finally:
+        service.close()
+
+
+def test_a_process_without_the_key_is_refused_and_a_closed_service_is_named(
+        served: tuple[EmbeddingService, CountingEmbedder]) -> None:
+    service, inner = served
+    socket_dir = Path(service.address.address).parent
+    assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700  # the socket is this user's only
+    with pytest.raises(AuthenticationError):
+        Client(service.address.address, family="AF_UNIX", authkey=b"not the key")
+    remote = RemoteEmbedder(service.address, inner.model_name)
+    assert remote.embed(["still served"]).shape == (1, inner.dim)
+    with pytest.raises(EmbeddingError, match="serves 'hash-fake'"):
+        RemoteEmbedder(service.address, "another-model")
+    service.close()
+    assert not socket_dir.exists()
+    with pytest.raises(EmbeddingError, match=f"encoder service at {service.address.address} did not answer an? embed"):
+        remote.embed(["after the end"])
+
+
+def test_a_service_on_another_machine_is_not_here(served: tuple[EmbeddingService, CountingEmbedder]) -> None:
+    service, _ = served
+    assert service.address.here()
+    elsewhere = ServiceAddress("another-host.example", service.address.address, service.address.authkey)
+    assert not elsewhere.here()
+    assert not ServiceAddress(service.address.host, "/nonexistent/encoder.sock", "00").here()
