@@ -101,15 +101,16 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of one process and of its children it has waited for (Linux /proc)."""
+def _proc_cpu_seconds(pid: int, own: bool = False) -> float:
+    """utime + stime of one process and of its children it has waited for (Linux /proc); ``own``:
+    of the process alone."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return 0.0
     # after the command: state(0) ... utime(11) stime(12) cutime(13) cstime(14)
-    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / os.sysconf("SC_CLK_TCK")
+    return sum(int(fields[i]) for i in ((11, 12) if own else (11, 12, 13, 14))) / os.sysconf("SC_CLK_TCK")
 
 
 def processes_named(name: str) -> list[int]:
@@ -156,8 +157,10 @@ class CpuAccount:
     this process's waited-for children (``RUSAGE_CHILDREN``: a phase run with ``subprocess.run``),
     ``self`` this process, ``machine`` every core of the machine."""
 
-    def __init__(self, groups: dict[str, Any], polled: dict[str, Any] | None = None, every_s: float = 0.5) -> None:
+    def __init__(self, groups: dict[str, Any], polled: dict[str, Any] | None = None, every_s: float = 0.5,
+                 own: frozenset[str] = frozenset()) -> None:
         self.groups = groups
+        self.own = own  # polled groups read without their processes' children (e.g. Dask workers' encoders)
         # groups whose processes come and go inside the phase (e.g. the build's encoder children): read
         # every ``every_s`` by a thread, each pid counted from its value at start (0 if born later) to
         # its last reading
@@ -172,7 +175,7 @@ class CpuAccount:
     def _poll(self, baseline: bool = False) -> None:
         for name, pids in self.polled.items():
             for pid in pids():
-                value = _proc_cpu_seconds(pid)
+                value = _proc_cpu_seconds(pid, own=name in self.own)
                 if value <= 0.0:
                     continue
                 self._last[name][pid] = value

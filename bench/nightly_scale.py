@@ -250,7 +250,10 @@ def main() -> None:
     # where the cores went during a phase: the phase's process (and what it waited for), this process
     # (the scripted LLM server), the Prefect server, PostgreSQL, and the machine as a whole
     cpu = CpuAccount({"prefect_server": lambda: [prefect.proc.pid], "postgres": lambda: processes_named("postgres")},
-                     polled={"encoders": lambda: processes_running("tmem.providers.encoder_process")})
+                     polled={"encoders": lambda: processes_running("tmem.providers.encoder_process"),
+                             # a local Dask cluster's worker processes (multiprocessing spawns them), their own CPU
+                             "dask_workers": lambda: processes_running("from multiprocessing.spawn import spawn_main")},
+                     own=frozenset({"dask_workers"}))
 
     def phase(name: str, command: list[str], conversations: int) -> dict[str, Any]:
         before_keys, before_requests, before_api = (cached_keys(store) if (store / "work.duckdb").exists() else set(),
@@ -280,7 +283,8 @@ def main() -> None:
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip(),
             # CPU seconds during the phase: "children" is the phase's process (with its Dask workers),
             # "self" the benchmark's process serving the scripted LLM, "encoders" the build's encoder
-            # children (also inside "children" once waited for)
+            # children (also inside "children" once waited for), "dask_workers" a local Dask cluster's worker
+            # processes without their children (inside "children" too)
             "cpu_s": cpu_s,
         }
         row["bound_s"] = max(row["llm_bound_s"], row["embedding"]["seconds"])

@@ -41,3 +41,23 @@ def test_polled_group_counts_only_what_a_running_process_spent_after_start() -> 
     finally:
         child.kill()
         child.wait()
+
+
+PARENT = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], '0.5', '0'])\n"
+    "child.wait()\n"  # the child's CPU is now in this process's cutime
+    "time.sleep(float(sys.argv[2]))"
+)
+
+
+def test_an_own_group_leaves_out_the_cpu_of_children_its_processes_waited_for() -> None:
+    """As a Dask worker's encoder children are counted in their own group, not again in the worker's."""
+    marker = f"cpu-account-parent-{time.monotonic_ns()}"
+    account = CpuAccount({}, polled={"with": lambda: processes_running(marker), "own": lambda: processes_running(marker)},
+                         every_s=0.05, own=frozenset({"own"}))
+    account.start()
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, BURN, "0.6", marker])
+    parent.wait()
+    spent = account.stop()
+    assert spent["with"] >= 0.45 and spent["own"] < spent["with"] - 0.35
