@@ -60,7 +60,11 @@ def task_runner_for(settings: Settings, api_url: str | None = None) -> TaskRunne
         "n_workers": settings.dask_workers, "threads_per_worker": settings.dask_threads_per_worker,
         "processes": True, "dashboard_address": None,
         # Without a dashboard nobody reads Dask's statistical profiler, which walks every thread's stack
-        # each 10 ms: ~7 % of a worker's CPU in a profiled 200-conversation nightly (bench/nightly_scale.py).
+        # each 10 ms (~7 % of a worker's CPU in a profiled 200-conversation nightly) and, on CPython 3.11
+        # before its fix of gh-106883, can deadlock the worker: a garbage collection inside
+        # sys._current_frames() (holding the interpreter's thread-list lock) ran distributed's GC callback,
+        # which released the GIL to a thread waiting for that lock to start a thread. Seen here: a worker
+        # of a 1,000-conversation nightly, every thread waiting for the GIL (py-spy dump --native).
         # (a dotted key: the nanny merges this over the whole config one level deep, the worker sets it)
         "config": {"distributed.worker.profile.enabled": False},
     }
@@ -71,9 +75,16 @@ def task_runner_for(settings: Settings, api_url: str | None = None) -> TaskRunne
 
 class ConfiguredTaskRunner(TaskRunner[PrefectFuture[Any]]):
     """A placeholder resolved when a flow run starts: Prefect enters ``flow.task_runner.duplicate()``
-    for every run, so each run (CLI, deployment, subflow of nightly-rebuild) reads the settings then."""
+    for every run, so each run (CLI, deployment, subflow of nightly-rebuild) reads the settings then.
+
+    Prefect also duplicates it on a Dask worker for every task run it starts there, to rebuild the
+    flow run's context around the task (``prefect.context.hydrated_context``). No task of tmem submits
+    tasks of its own, so there the runner is never used: an idle thread pool, without reading the
+    settings or opening an API client (~0.1 s of a worker's CPU per task run, py-spy)."""
 
     def duplicate(self) -> Any:
+        if _on_dask_worker():
+            return ThreadPoolTaskRunner(max_workers=1)
         settings = load_settings()
         if settings.task_runner == "threads":
             return task_runner_for(settings)
@@ -90,6 +101,19 @@ class ConfiguredTaskRunner(TaskRunner[PrefectFuture[Any]]):
     def submit(self, task: Any, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture[Any]] | None = None,
                dependencies: dict[str, Any] | None = None) -> PrefectFuture[Any]:
         raise RuntimeError("ConfiguredTaskRunner is resolved by duplicate() when a flow run starts; it runs nothing")
+
+
+def _on_dask_worker() -> bool:
+    """Whether this thread runs a task of a Dask worker."""
+    if "distributed" not in sys.modules:
+        return False
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:  # "No worker found": not in a worker's task
+        return False
+    return True
 
 
 def dask_client() -> Client | None:

@@ -198,6 +198,32 @@ def _profiling(dask_worker: Any) -> bool:
     return "profile" in dask_worker.periodic_callbacks
 
 
+def _duplicate_here() -> Any:
+    from tmem.tasks.scaleout import ConfiguredTaskRunner
+
+    return ConfiguredTaskRunner().duplicate()
+
+
+def test_on_a_dask_worker_the_flows_runner_is_duplicated_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefect duplicates the flow's task runner for each task run a worker starts; there it is never used,
+    so it costs neither a read of the settings nor an API client."""
+    from distributed import Client, LocalCluster
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from tmem.tasks import scaleout
+
+    reads: list[str] = []
+    real = scaleout.load_settings
+    monkeypatch.setattr(scaleout, "load_settings", lambda: reads.append("read") or real())
+    monkeypatch.setenv("TMEM_TASK_RUNNER", "dask")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        on_worker = client.submit(_duplicate_here, pure=False).result()
+    assert isinstance(on_worker, ThreadPoolTaskRunner) and reads == []
+    monkeypatch.setenv("TMEM_TASK_RUNNER", "threads")
+    assert isinstance(_duplicate_here(), ThreadPoolTaskRunner) and reads == ["read"]  # the flow's process reads them
+
+
 def test_a_local_clusters_workers_run_without_dasks_own_profiler() -> None:
     from distributed import Client, LocalCluster
 
