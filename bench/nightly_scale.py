@@ -278,7 +278,8 @@ def main() -> None:
             "prefect_top": dict(Counter({k: v for k, v in api.items() if k not in {"http", "ws_messages"}}).most_common(8)),
             "status": (build or {}).get("status", "no build"), "returncode": out["returncode"], "loadavg": load,
             "failures": len((build or {}).get("failures", [])),
-            # what the build's own embedding queue did (the flow process; a Dask worker's is its own)
+            # what the build's own embedding queue did (the flow process; on Dask it also serves the workers on
+            # its machine, TMEM_DASK_SHARED_ENCODER; a worker with an encoder of its own is not counted)
             "build_embedding": (build or {}).get("embedding"),
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip(),
             # CPU seconds during the phase: "children" is the phase's process (with its Dask workers),
