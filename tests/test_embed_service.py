@@ -103,3 +103,18 @@ def test_a_service_on_another_machine_is_not_here(served: tuple[EmbeddingService
     elsewhere = ServiceAddress("another-host.example", service.address.address, service.address.authkey)
     assert not elsewhere.here()
     assert not ServiceAddress(service.address.host, "/nonexistent/encoder.sock", "00").here()
+
+
+def test_a_temporary_directory_too_deep_for_a_socket_falls_back_to_tmp(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr("tempfile.tempdir", str(deep))
+    service = EmbeddingService(CoalescingEmbedder(HashEmbedder(), linger_s=0.0))
+    try:
+        assert Path(service.address.address).parent.parent == Path("/tmp")
+        assert RemoteEmbedder(service.address, "hash-fake").embed(["served"]).shape == (1, 16)
+        assert list(deep.iterdir()) == []  # the directory first made under it is gone
+    finally:
+        service.close()
+        service.queue.close()

@@ -40,12 +40,25 @@ from tmem.ports import ServiceAddress
 log = logging.getLogger(__name__)
 
 
+MAX_SOCKET_PATH = 100  # a Unix socket's path holds at most 107 bytes on Linux (sun_path)
+
+
+def _socket_dir() -> Path:
+    """A new private directory (mode 0700: this user's processes only) for the socket: under the
+    temporary directory, or ``/tmp`` when that one's path is too long for a socket's."""
+    made = Path(tempfile.mkdtemp(prefix="tmem-encoder-"))
+    if len(str(made / "encoder.sock").encode()) <= MAX_SOCKET_PATH:
+        return made
+    made.rmdir()
+    return Path(tempfile.mkdtemp(prefix="tmem-encoder-", dir="/tmp"))
+
+
 class EmbeddingService:
     """Serves ``queue`` to the build's processes on this machine until :meth:`close`."""
 
     def __init__(self, queue: CoalescingEmbedder) -> None:
         self.queue = queue
-        self._dir = Path(tempfile.mkdtemp(prefix="tmem-encoder-"))  # 0700: this user's processes only
+        self._dir = _socket_dir()
         key = secrets.token_bytes(32)
         self.address = ServiceAddress(socket.gethostname(), str(self._dir / "encoder.sock"), key.hex())
         self._listener = Listener(self.address.address, family="AF_UNIX", authkey=key)
