@@ -6,6 +6,7 @@ without the key is refused; a worker on another machine keeps an encoder of its 
 from __future__ import annotations
 
 import stat
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import AuthenticationError
@@ -56,6 +57,44 @@ def test_a_prefetch_is_queued_and_the_later_embedding_finds_it(served: tuple[Emb
     rows = remote.embed(["summary of scene 1", "dialogue of scene 1", "an item"])
     assert np.array_equal(rows, HashEmbedder().embed(["summary of scene 1", "dialogue of scene 1", "an item"]))
     assert inner.texts_embedded == 3 and service.queue.usage.prefetched == 2  # the prefetched two, once
+
+
+class StillLoading(HashEmbedder):
+    """An encoder whose model facts wait for its model to load, as the encoder children's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded = threading.Event()
+        self.facts_asked = 0
+
+    @property
+    def dim(self) -> int:
+        self.facts_asked += 1
+        assert self.loaded.wait(10), "the model never loaded"
+        return super().dim
+
+
+def test_a_worker_opens_its_embedder_while_the_model_still_loads() -> None:
+    """A worker's runtime opens before the publisher's encoder has loaded the model, so its first
+    conversations ask the LLM meanwhile (on the old code every worker waited for the load)."""
+    inner = StillLoading()
+    service = EmbeddingService(CoalescingEmbedder(inner, linger_s=0.0))
+    try:
+        remote = RemoteEmbedder(service.address, inner.model_name)  # returns: it did not ask for the dimension
+        assert inner.facts_asked == 0
+        with pytest.raises(EmbeddingError, match="serves 'hash-fake'"):  # a wrong model is still named at once
+            RemoteEmbedder(service.address, "another-model")
+        with ThreadPoolExecutor(3) as pool:  # the first conversations to need it wait for the load, then share it
+            asking = [pool.submit(lambda: remote.dim) for _ in range(3)]
+            assert not any(f.done() for f in asking)
+            inner.loaded.set()
+            assert [f.result(timeout=10) for f in asking] == [16, 16, 16]
+        assert remote.max_input_tokens is None and inner.facts_asked == 1  # asked once, then known
+        assert remote.embed(["now embedded"]).shape == (1, 16)
+    finally:
+        inner.loaded.set()
+        service.close()
+        service.queue.close()
 
 
 class Poisoned(CountingEmbedder):

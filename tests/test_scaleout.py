@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.flow_helpers import ingest_slice
+from tests.paths import REPO
 from tmem.errors import ConfigError, StoreError
 from tmem.llm.cached_embedder import InMemoryEmbeddingCache
 from tmem.llm.journal import JournalingEmbeddingCache, JournalingResponseCache, JournalingUsageLedger, WorkJournal
@@ -235,6 +236,27 @@ def test_a_local_clusters_workers_run_without_dasks_own_profiler() -> None:
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         assert list(client.run(_profiling).values()) == [True]  # Dask's default, which the runner turns off
+
+
+WORKER_IMPORTS = """
+import sys
+import prefect, distributed, prefect_dask  # a worker has these before its first task
+import tmem.tasks.build, tmem.build.runtime, tmem.llm.journal, tmem.llm.response_cache, tmem.llm.embed_service
+import tmem.store.exchange, tmem.store.llm_cache, tmem.providers.registry
+print(sorted(m for m in ("lancedb", "torch", "sentence_transformers", "transformers", "polars") if m in sys.modules))
+"""
+
+
+def test_a_worker_building_conversations_imports_no_vector_store_or_model_library() -> None:
+    """What a Dask worker imports to build conversations through the publisher's encoder: the task, its
+    runtime and the caches, no LanceDB (~1.5 s of every worker's start, before its first LLM call) and no
+    model library. A fresh interpreter, so that nothing this test process loaded counts."""
+    import subprocess
+    import sys
+
+    found = subprocess.run([sys.executable, "-c", WORKER_IMPORTS], cwd=REPO, capture_output=True, text=True,
+                           timeout=120, check=True)
+    assert found.stdout.strip() == "[]", found.stdout + found.stderr
 
 
 def test_task_runner_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:

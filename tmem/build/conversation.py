@@ -48,7 +48,7 @@ from tmem.domain import ConversationMemory, Item, ItemTriggers, Persona, Scene, 
 from tmem.errors import LLMError
 from tmem.ports import JournalBatch
 from tmem.store.conversations import load_turns
-from tmem.store.lance import VectorRow
+from tmem.store.vector_rows import VectorRow
 
 SCENES: Codec[list[Scene]] = Codec(TypeAdapter(list[Scene]))
 POOL: Codec[TopicPool] = Codec(TypeAdapter(TopicPool))

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from tmem.domain import ConversationMemory, Scene, Turn
 from tmem.ports import Embedder, Prefetcher
-from tmem.store.lance import VectorRow
+from tmem.store.vector_rows import VectorRow
 from tmem.views.texts import DIALOGUE_WINDOW_TURNS, memory_views, scene_views, word_budget
 
 

@@ -12,9 +12,16 @@ directory (mode 0700, a 32-byte key checked by :mod:`multiprocessing.connection`
 file names it, with the machine it is on (:mod:`tmem.store.exchange`). A worker on that machine
 embeds through :class:`RemoteEmbedder` — its texts join the one queue, which looks them up in the
 working database's embedding cache and stores what it embeds — and a worker elsewhere embeds with
-an encoder of its own. A request is ``(op, texts)``: ``info`` (the model's name, dimension and input
-limit), ``embed`` (the rows) or ``prefetch`` (queued, answered at once); the reply ``("ok", value)``
-or ``("error", reason)``, which the worker raises as :class:`~tmem.errors.EmbeddingError`.
+an encoder of its own. A request is ``(op, texts)``: ``model`` (the model's name, answered at once),
+``info`` (its name, dimension and input limit: these wait for the encoder to have loaded the model),
+``embed`` (the rows) or ``prefetch`` (queued, answered at once); the reply ``("ok", value)`` or
+``("error", reason)``, which the worker raises as :class:`~tmem.errors.EmbeddingError`.
+
+A worker opens its :class:`RemoteEmbedder` with a ``model`` request (the service answers, and serves
+the model the worker's settings name) and asks ``info`` only when a conversation first needs the
+model's dimension or input limit, after its first LLM answers: the encoder children load the model
+(seconds, more while a cluster starts) while the first conversations wait for the LLM, as they do on
+the thread pool, rather than before any conversation starts.
 """
 
 from __future__ import annotations
@@ -98,6 +105,8 @@ class EmbeddingService:
             if op == "prefetch":
                 self.queue.prefetch(texts)
                 return "ok", None
+            if op == "model":
+                return "ok", self.queue.model_name
             if op == "info":
                 return "ok", (self.queue.model_name, self.queue.dim, self.queue.max_input_tokens)
             return "error", f"unknown request {op!r}"
@@ -123,16 +132,19 @@ class EmbeddingService:
 
 class RemoteEmbedder:
     """An :class:`~tmem.ports.Embedder` whose texts go to the build's :class:`EmbeddingService`
-    (one connection per request: a conversation makes two, its prefetch and its embedding)."""
+    (one connection per request: a conversation makes two, its prefetch and its embedding).
+
+    Opening it checks that the service answers and serves ``model_name`` without waiting for the
+    model to load; :attr:`dim` and :attr:`max_input_tokens` are asked once, on first use."""
 
     def __init__(self, served: ServiceAddress, model_name: str) -> None:
         self.served = served
         self._model = model_name
-        name, dim, max_tokens = self._call("info", [])
+        name = self._call("model", [])
         if name != model_name:
             raise EmbeddingError(model_name, f"the build's encoder service at {served.address} serves {name!r}")
-        self._dim: int = dim
-        self._max_tokens: int | None = max_tokens
+        self._facts: tuple[int, int | None] | None = None
+        self._facts_lock = threading.Lock()
 
     @property
     def model_name(self) -> str:
@@ -140,15 +152,23 @@ class RemoteEmbedder:
 
     @property
     def dim(self) -> int:
-        return self._dim
+        return self._model_facts()[0]
 
     @property
     def max_input_tokens(self) -> int | None:
-        return self._max_tokens
+        return self._model_facts()[1]
+
+    def _model_facts(self) -> tuple[int, int | None]:
+        """The served model's dimension and input limit, asked once (the first asker waits for the load)."""
+        with self._facts_lock:
+            if self._facts is None:
+                _name, dim, max_tokens = self._call("info", [])
+                self._facts = (int(dim), int(max_tokens) if max_tokens else None)
+            return self._facts
 
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         if not texts:
-            return np.zeros((0, self._dim), dtype=np.float32)
+            return np.zeros((0, self.dim), dtype=np.float32)
         rows: npt.NDArray[np.float32] = self._call("embed", list(texts))
         return rows
 

@@ -16,7 +16,7 @@ import re
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
@@ -30,7 +30,8 @@ from lancedb.index import BTree
 from lancedb.query import LanceVectorQueryBuilder
 
 from tmem.errors import ScopeError, StoreError
-from tmem.ids import content_id
+from tmem.store.vector_rows import VectorRow as VectorRow  # re-exported: the row type of this store
+from tmem.store.vector_rows import make_row_id as make_row_id
 from tmem.views.catalog import OwnerKind
 
 if TYPE_CHECKING:
@@ -69,31 +70,9 @@ def vector_schema(dim: int) -> pa.Schema:
     )
 
 
-def make_row_id(conversation_id: str, owner_kind: str, owner_id: str, view: str, ordinal: int) -> str:
-    """Deterministic row id: unique per (conversation, owner, view, ordinal)."""
-    return content_id("vec", conversation_id, owner_kind, owner_id, view, ordinal)
-
-
 def scope_filter(conversation_id: str) -> Expr:
     """The typed, injection-safe filter ``conversation_id = <literal>``."""
     return col("conversation_id") == lit(_checked_scope(conversation_id))
-
-
-@dataclass(frozen=True)
-class VectorRow:
-    """One embedded text: a view (``ordinal``-th vector) of a topic, scene or item."""
-
-    conversation_id: str
-    owner_kind: OwnerKind
-    owner_id: str
-    view: str
-    ordinal: int
-    text: str
-    vector: npt.NDArray[np.float32] = field(repr=False)
-
-    @property
-    def row_id(self) -> str:
-        return make_row_id(self.conversation_id, self.owner_kind, self.owner_id, self.view, self.ordinal)
 
 
 @dataclass(frozen=True)
