@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from tmem.build.batch import RETRY_DELAY_S, UNITS_PER_SLOT, batch_size, batches, build_in_turn
+from tmem.build.batch import DASK_UNITS_PER_SLOT, RETRY_DELAY_S, UNITS_PER_SLOT, batch_size, batches, build_in_turn
 from tmem.errors import LLMError
 from tmem.tasks.build import _ConversationLog
 
@@ -23,6 +23,37 @@ def test_a_large_build_gives_every_slot_about_four_units() -> None:
     units = batches([f"c{n:04d}" for n in range(1000)], size)
     assert len(units) == 250 and UNITS_PER_SLOT * 64 >= len(units) > (UNITS_PER_SLOT - 1) * 64
     assert batch_size(1000, slots=0) == 250  # no slot known: still about four units
+
+
+def test_fewer_units_per_slot_make_fewer_larger_units() -> None:
+    assert batch_size(1000, slots=64, per_slot=DASK_UNITS_PER_SLOT) == 8  # 125 units: ~2 per Dask worker thread
+    assert batch_size(DASK_UNITS_PER_SLOT * 64, slots=64, per_slot=DASK_UNITS_PER_SLOT) == 1
+    assert batch_size(1000, slots=64, configured=3, per_slot=DASK_UNITS_PER_SLOT) == 3
+
+
+class _Cluster:
+    """What conversation_units reads of a Dask client: its workers' threads."""
+
+    def nthreads(self) -> dict[str, int]:
+        return {"tcp://w1": 32, "tcp://w2": 32}
+
+
+def test_the_units_follow_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread pool's 64 slots draw about four units each; the Dask cluster's 64 worker threads about two,
+    a task run costing more on a worker."""
+    from tmem.settings import load_settings
+    from tmem.tasks import scaleout
+
+    ids = [f"c{n:04d}" for n in range(1000)]
+    settings = load_settings(build_concurrency=64)
+    monkeypatch.setattr(scaleout, "dask_client", lambda: None)
+    here = scaleout.conversation_units(ids, settings)
+    assert (len(here), {len(u) for u in here}) == (250, {4})
+    monkeypatch.setattr(scaleout, "dask_client", lambda: _Cluster())
+    on_dask = scaleout.conversation_units(ids, settings)
+    assert (len(on_dask), {len(u) for u in on_dask}) == (125, {8})
+    assert [cid for unit in on_dask for cid in unit] == ids  # every conversation once, in order
+    assert len(scaleout.conversation_units(ids, load_settings(build_batch=5))) == 200  # a configured size wins
 
 
 def test_a_configured_size_wins() -> None:

@@ -175,10 +175,10 @@ class Settings(BaseSettings, CascadeBudgets):
         0, ge=0,
         description="Conversations per task run of build-memory (a task run builds its conversations one after "
         "another, each stage and retry in its log under the conversation's id). 0 = auto: one per task run while the "
-        "build has at most 4 conversations per slot (build_concurrency threads, or the Dask cluster's worker threads), "
-        "above that about 4 task runs per slot. A task run costs Prefect's engine and server CPU of its own (on a "
-        "Dask worker ~0.2 s: its context and API client), more than a nightly conversation's own work outside the "
-        "LLM and the encoder (bench/nightly_scale.py).",
+        "build has at most 4 conversations per slot (build_concurrency threads; 2 per Dask worker thread), "
+        "above that about 4 task runs per slot (2 on Dask). A task run costs Prefect's engine and server CPU of its "
+        "own (on a Dask worker ~0.1 s: its context, its settings and two API clients), more than a nightly "
+        "conversation's own work outside the LLM and the encoder (bench/nightly_scale.py).",
     )
     task_runner: TaskRunnerKind = Field(
         "threads", description="Where build-memory runs its conversation tasks: threads (this process) or dask."

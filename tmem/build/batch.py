@@ -27,16 +27,20 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 UNITS_PER_SLOT = 4  # each worker thread draws about this many units of a batched build
+# On a Dask worker a task run costs more than in the flow's threads (~0.1 s of the worker's CPU: Prefect
+# rebuilds the flow run's context there, its settings from their sources, and opens two API clients, each
+# with a new TLS context; ~0.04 s more in the flow process to submit it), so its slots draw fewer, larger units.
+DASK_UNITS_PER_SLOT = 2
 RETRY_DELAY_S = 5.0  # a conversation's one retry after an orchestration-side error, as its own task would wait
 
 
-def batch_size(conversations: int, slots: int, configured: int = 0) -> int:
+def batch_size(conversations: int, slots: int, configured: int = 0, per_slot: int = UNITS_PER_SLOT) -> int:
     """Conversations per unit: ``configured`` when set (> 0); else one while there are at most
-    :data:`UNITS_PER_SLOT` conversations per slot (a worker thread), and above that enough per unit
-    for about :data:`UNITS_PER_SLOT` units per slot."""
+    ``per_slot`` conversations per slot (a worker thread), and above that enough per unit for about
+    ``per_slot`` units per slot (:data:`UNITS_PER_SLOT`; :data:`DASK_UNITS_PER_SLOT` on Dask)."""
     if configured > 0:
         return configured
-    return max(1, math.ceil(conversations / (UNITS_PER_SLOT * max(1, slots))))
+    return max(1, math.ceil(conversations / (max(1, per_slot) * max(1, slots))))
 
 
 def batches(conversation_ids: Sequence[str], size: int) -> list[list[str]]:
