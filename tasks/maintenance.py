@@ -16,7 +16,6 @@ from tmem.ingest.spool import drain_spool
 from tmem.store.conversations import conversation_states
 from tmem.store.duck import connect
 from tmem.store.lance_location import is_object_uri, lance_uri
-from tmem.store.maintenance import optimize_vectors
 from tmem.store.snapshot.published import prune_snapshots, unpublished_conversations
 
 
@@ -68,6 +67,9 @@ def optimize_vector_tables(spec: BuildSpec, now: datetime, margin_s: float) -> l
     uri = lance_uri(spec.load_settings())
     if not is_object_uri(uri) and not Path(uri).exists():
         return []
+    # Imported here: LanceDB (~1 s) stays out of the modules a Dask worker imports with the build flow's.
+    from tmem.store.maintenance import optimize_vectors
+
     done = optimize_vectors(spec.store_path, uri, now=now, margin=timedelta(seconds=margin_s))
     return [
         {"table": m.table, "pinned": list(m.pinned), "versions_before": len(m.versions_before),

@@ -241,16 +241,18 @@ def test_a_local_clusters_workers_run_without_dasks_own_profiler() -> None:
 WORKER_IMPORTS = """
 import sys
 import prefect, distributed, prefect_dask  # a worker has these before its first task
+import tmem.flows.build_memory  # unpickling the flow run's context, around every task run, imports the flow
 import tmem.tasks.build, tmem.build.runtime, tmem.llm.journal, tmem.llm.response_cache, tmem.llm.embed_service
 import tmem.store.exchange, tmem.store.llm_cache, tmem.providers.registry
-print(sorted(m for m in ("lancedb", "torch", "sentence_transformers", "transformers", "polars") if m in sys.modules))
+print(sorted(m for m in ("lancedb", "torch", "sentence_transformers", "transformers") if m in sys.modules))
 """
 
 
 def test_a_worker_building_conversations_imports_no_vector_store_or_model_library() -> None:
-    """What a Dask worker imports to build conversations through the publisher's encoder: the task, its
-    runtime and the caches, no LanceDB (~1.5 s of every worker's start, before its first LLM call) and no
-    model library. A fresh interpreter, so that nothing this test process loaded counts."""
+    """What a Dask worker imports to build conversations through the publisher's encoder: the build flow's
+    module (Prefect's context around each task run carries the flow), the task, its runtime and the caches;
+    no LanceDB (~1-1.5 s of every worker's start, before its first LLM call) and no model library. A fresh
+    interpreter, so that nothing this test process loaded counts."""
     import subprocess
     import sys
 

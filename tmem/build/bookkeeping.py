@@ -31,7 +31,6 @@ from tmem.errors import LLMError, LLMOutputError, StoreError
 from tmem.pricing import cost_markdown, estimate_cost, price_table
 from tmem.store.build_notes import note_counts, record_build_notes
 from tmem.store.conversations import conversation_states
-from tmem.store.forget import pending_forget
 from tmem.store.quarantine import quarantines, record_quarantine, record_unit_quarantines
 from tmem.store.runs import close_interrupted_runs, finish_run, memory_counts, start_run
 from tmem.store.snapshot.published import unpublished_conversations
@@ -61,6 +60,10 @@ class BuildRun:
 
     @classmethod
     def open(cls, rt: BuildRuntime) -> BuildRun:
+        # Imported here: the flow's module (so this one) is imported by every Dask worker that unpickles the
+        # flow run's context, and tmem.store.forget brings LanceDB and polars, which a worker never uses.
+        from tmem.store.forget import pending_forget
+
         forgetting = pending_forget(rt.con)
         if forgetting is not None:  # a killed forget: building now could publish what it was removing
             raise StoreError(f"{rt.store}: a `tmem forget` started {forgetting.isoformat()} is unfinished; "
