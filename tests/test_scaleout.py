@@ -47,6 +47,29 @@ def vec(*values: float) -> np.ndarray:
     return np.asarray(values, dtype=np.float32)
 
 
+def test_a_build_crosses_processes_with_its_vectors_as_one_buffer() -> None:
+    """A worker's ConversationBuild returns to the flow through pickle (Dask's protocol 5, each array an
+    out-of-band buffer): its ~200 vector rows travel as one matrix, and come back equal, row by row."""
+    import pickle
+
+    from tests.factories import sample_memory
+    from tmem.build.conversation import ConversationBuild
+    from tmem.construct import BuildNote
+
+    matrix = np.random.default_rng(7).standard_normal((200, 16)).astype(np.float32)
+    rows = [VectorRow("conv-a", "item", f"i{n}", "content", n % 3, f"text {n}", matrix[n]) for n in range(200)]
+    build = ConversationBuild(sample_memory(), rows, 41, notes=(BuildNote("items", "topic-1", "clipped", "a long list"),), seconds=1.5)
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(build, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == 1 and buffers[0].raw().nbytes == matrix.nbytes  # was one buffer per row: 200
+    back = pickle.loads(data, buffers=buffers)
+    assert (back.memory, back.watermark_turn_seq, back.notes, back.seconds) == (build.memory, 41, build.notes, 1.5)
+    assert [(r.row_id, r.text) for r in back.vectors] == [(r.row_id, r.text) for r in rows]
+    assert all(np.array_equal(a.vector, b.vector) for a, b in zip(back.vectors, rows, strict=True))
+    empty = pickle.loads(pickle.dumps(ConversationBuild(sample_memory(), [], 0)))
+    assert empty.vectors == [] and empty.memory == build.memory
+
+
 # ---- the worker journal -------------------------------------------------------------------
 
 
@@ -149,6 +172,31 @@ def test_the_exchange_names_the_publishers_encoder_and_may_leave_the_embedding_c
             assert ex.execute("SELECT count(*) FROM embedding_cache").fetchone() == (info.embedding_rows,)
         finally:
             ex.close()
+
+
+def test_a_workers_response_cache_answers_a_new_key_without_reading_the_exchange(store: Path) -> None:
+    """The exchange file is fixed for the run, so a worker reads its keys once: a new call's key is a miss
+    at once (no query, none of the exchange's read lock), a stored one is read, and the worker's own answers
+    come from its journal."""
+    import threading
+
+    from tmem.build.runtime import worker_response_cache
+
+    con = connect(store)
+    try:
+        info = export_exchange(con, exchange_path(store, "run-keys"), ["conv-30"], load_settings(store=store))
+    finally:
+        con.close()
+    ex = open_exchange(info.path)
+    journal = WorkJournal()
+    cache = worker_response_cache(ex, threading.Lock(), journal)
+    assert cache.get("k1") == '{"a": 1}' and cache.get("k2") is None  # k2 is another model's: not exported
+    cache.put(entry("k9", answer='{"a": 9}'))
+    ex.close()  # from here a query of the exchange would raise
+    assert cache.get("never-asked") is None and cache.get("k9") == '{"a": 9}'
+    assert [e.cache_key for e in journal.drain().cache_entries] == ["k9"]
+    with pytest.raises(duckdb.Error):
+        cache.get("k1")  # a stored key is still read from the exchange
 
 
 def test_write_journal_is_one_transaction(store: Path) -> None:
@@ -422,7 +470,8 @@ def test_a_worker_reads_its_exchange_one_read_at_a_time(store: Path, monkeypatch
         reads = {
             "turns": turns,
             "embedding cache": lambda: rt.embed_queue.cache.get_many("m1", ["k"]),  # type: ignore[union-attr]
-            "response cache": lambda: rt.chat._inner._cache.get("no-such-key"),  # type: ignore[attr-defined]
+            # a key the exchange holds: a key it does not is a miss without a read (worker_response_cache)
+            "response cache": lambda: rt.chat._inner._cache.get("k1"),  # type: ignore[attr-defined]
         }
         with ThreadPoolExecutor(len(reads)) as pool:
             with rt.reads:
@@ -430,6 +479,6 @@ def test_a_worker_reads_its_exchange_one_read_at_a_time(store: Path, monkeypatch
                 threading.Event().wait(0.3)
                 assert [name for name, f in waiting.items() if f.done()] == []  # each waits for the lock
             results = {name: f.result(timeout=10) for name, f in waiting.items()}
-        assert results["turns"] > 0 and results["embedding cache"] == {} and results["response cache"] is None
+        assert results["turns"] > 0 and results["embedding cache"] == {} and results["response cache"] == '{"a": 1}'
     finally:
         rt.con.close()

@@ -21,7 +21,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import TypeAdapter
 
 from tmem import domain
@@ -68,6 +71,23 @@ class ConversationBuild:
     notes: tuple[BuildNote, ...] = ()  # what the stages clipped, reclassified, dropped, split, quarantined
     quarantined: tuple[QuarantinedUnit, ...] = ()  # the units left out of ``memory``
     seconds: float = 0.0
+
+    def __reduce__(self) -> tuple[Callable[..., ConversationBuild], tuple[object, ...]]:
+        """Pickled with its vectors as one matrix. A conversation has ~200 vector rows; pickled one by
+        one, each row's vector is an array of its own — an out-of-band buffer, so a frame, of every Dask
+        message that returns a build from a worker — where the matrix is one buffer of the same bytes."""
+        rows = tuple((v.conversation_id, v.owner_kind, v.owner_id, v.view, v.ordinal, v.text) for v in self.vectors)
+        matrix = np.stack([v.vector for v in self.vectors]) if self.vectors else None
+        return _unpickle_build, (self.memory, rows, matrix, self.watermark_turn_seq, self.journal, self.notes,
+                                 self.quarantined, self.seconds)
+
+
+def _unpickle_build(memory: ConversationMemory, rows: Sequence[tuple[Any, ...]], matrix: npt.NDArray[np.float32] | None,
+                    watermark_turn_seq: int, journal: JournalBatch | None, notes: tuple[BuildNote, ...],
+                    quarantined: tuple[QuarantinedUnit, ...], seconds: float) -> ConversationBuild:
+    vectors = ([VectorRow(cid, kind, owner, view, ordinal, text, matrix[n])
+                for n, (cid, kind, owner, view, ordinal, text) in enumerate(rows)] if matrix is not None else [])
+    return ConversationBuild(memory, vectors, watermark_turn_seq, journal, notes, quarantined, seconds)
 
 
 def build_conversation(rt: BuildRuntime, conversation_id: str, observer: StageObserver | None = None, *,

@@ -33,7 +33,7 @@ from tmem.bundle import chat_model_for
 from tmem.errors import EmbeddingError
 from tmem.llm.bounded import BoundedChatModel
 from tmem.llm.embed_queue import CoalescingEmbedder
-from tmem.ports import ChatModel, Embedder, OperationUsage
+from tmem.ports import ChatModel, Embedder, OperationUsage, ResponseCache
 from tmem.providers.registry import chat_provider, embedder_factory
 from tmem.settings import Settings
 from tmem.store.embed_cache import DuckEmbeddingCache
@@ -197,12 +197,23 @@ def embedding_threads(settings: Settings, *, worker: bool, cores: int | None = N
     return max(1, (cores or os.cpu_count() or 1) // settings.dask_workers)
 
 
+def worker_response_cache(con: duckdb.DuckDBPyConnection, reads: threading.Lock, journal: WorkJournal) -> ResponseCache:
+    """A worker's LLM response cache: the exchange's rows, read-only, and its own new answers journaled.
+
+    Nothing writes the exchange file while the run lasts, so its keys are read once and a key not among
+    them (a new call: ~half of a nightly's requests) is a miss without a query of the exchange; the
+    publisher's cache does the same as the working database's single writer."""
+    from tmem.llm.journal import JournalingResponseCache
+    from tmem.store.llm_cache import DuckResponseCache
+
+    return JournalingResponseCache(DuckResponseCache(con, lock=reads, known_keys=True), journal)
+
+
 def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRuntime:
     """The runtime of a process that must not write the working database (a Dask worker)."""
-    from tmem.llm.journal import JournalingEmbeddingCache, JournalingResponseCache, JournalingUsageLedger, WorkJournal
+    from tmem.llm.journal import JournalingEmbeddingCache, JournalingUsageLedger, WorkJournal
     from tmem.llm.response_cache import CachedChatModel
     from tmem.store.exchange import check_worker_settings, open_exchange, served_encoder
-    from tmem.store.llm_cache import DuckResponseCache
 
     settings = spec.load_settings()
     con = open_exchange(exchange)
@@ -215,7 +226,7 @@ def open_worker_runtime(spec: BuildSpec, run_id: str, exchange: Path) -> BuildRu
     reads = threading.Lock()  # one read of the exchange at a time (BuildRuntime.reads)
     cached = CachedChatModel(
         chat_provider(settings, "build").adapter(settings, "build"),
-        cache=JournalingResponseCache(DuckResponseCache(con, lock=reads), journal),
+        cache=worker_response_cache(con, reads, journal),
         ledger=JournalingUsageLedger(journal),
         run_id=run_id,
     )
