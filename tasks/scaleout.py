@@ -26,7 +26,7 @@ from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from tmem.build.batch import DASK_UNITS_PER_SLOT, batch_size, batches
+from tmem.build.batch import DASK_UNITS_PER_SLOT, UNITS_PER_SLOT, batch_size, batches
 from tmem.build.conversation import ConversationBuild
 from tmem.build.runtime import BuildRuntime, release
 from tmem.build.spec import BuildSpec
@@ -133,12 +133,10 @@ def conversation_units(conversation_ids: list[str], settings: Settings) -> list[
     about two each, a task run costing more there; :func:`tmem.build.batch.batch_size`,
     ``TMEM_BUILD_BATCH``), one conversation each while the build is small."""
     client = dask_client()
-    if client is None:
-        return batches(conversation_ids, batch_size(len(conversation_ids), settings.build_concurrency,
-                                                    settings.build_batch))
-    slots = sum(client.nthreads().values()) or settings.dask_workers * settings.dask_threads_per_worker
-    return batches(conversation_ids, batch_size(len(conversation_ids), slots, settings.build_batch,
-                                                per_slot=DASK_UNITS_PER_SLOT))
+    slots, per_slot = ((settings.build_concurrency, UNITS_PER_SLOT) if client is None else
+                       (sum(client.nthreads().values()) or settings.dask_workers * settings.dask_threads_per_worker,
+                        DASK_UNITS_PER_SLOT))
+    return batches(conversation_ids, batch_size(len(conversation_ids), slots, settings.build_batch, per_slot))
 
 
 def open_exchange_for_workers(rt: BuildRuntime, conversation_ids: list[str]) -> str | None:
