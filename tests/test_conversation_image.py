@@ -146,6 +146,28 @@ def test_decoding_rejects_another_conversations_image_a_wrong_format_and_garbage
         decode_image(CRAFTED_IDS[1], fmt, json.dumps(broken))
 
 
+def test_a_memory_only_decode_gives_the_same_memory_and_leaves_the_turns_alone(
+    published: tuple[Path, SnapshotInfo],
+) -> None:
+    """What a publish decodes to index a memory (``turns=False``): the same memory, no turns parsed."""
+    _, info = published
+    con = duckdb.connect(str(info.memory_db), read_only=True)
+    try:
+        found = read_image(con, info.path, CRAFTED_IDS[1])
+    finally:
+        con.close()
+    assert found is not None
+    fmt, image = found
+    memory, turns = decode_image(CRAFTED_IDS[1], fmt, image)
+    assert turns and memory.items
+    assert decode_image(CRAFTED_IDS[1], fmt, image, turns=False) == (memory, ())
+    broken = json.loads(image)
+    broken["turns"] = [["not", "a", "turn"]]  # only a decode that reads the turns notices
+    assert decode_image(CRAFTED_IDS[1], fmt, json.dumps(broken), turns=False) == (memory, ())
+    with pytest.raises(StoreError, match="malformed"):
+        decode_image(CRAFTED_IDS[1], fmt, json.dumps(broken))
+
+
 def test_images_written_in_small_batches_equal_the_published_ones(
     published: tuple[Path, SnapshotInfo], tmp_path: Path
 ) -> None:

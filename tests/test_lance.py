@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -128,6 +129,39 @@ def test_replace_several_conversations_in_one_version(store: VectorStore) -> Non
     assert len(store.load_conversation(TABLE, crafted)) == 1
     assert len(store.load_conversation(TABLE, "keep")) == 2
     assert store.replace_conversations(TABLE, {}) == version
+
+
+def _addresses(store: VectorStore, conversation_id: str) -> dict[str, int]:
+    """row_id -> where Lance keeps the row now (``_rowaddr``: fragment and offset; a rewritten row moves)."""
+    data = store._table(TABLE, create=False).search().where(scope_filter(conversation_id)).with_row_id(False) \
+        .select(["row_id", "_rowaddr"]).limit(None).to_arrow()
+    return dict(zip(data.column("row_id").to_pylist(), data.column("_rowaddr").to_pylist(), strict=True))
+
+
+def test_replace_writes_only_the_rows_that_differ_with_the_same_result(store: VectorStore) -> None:
+    rows = rows_for("conv-a", 5, seed=1) + rows_for("conv-a", 2, seed=9, view="gist")
+    store.replace_conversations(TABLE, {"conv-a": rows, "conv-b": rows_for("conv-b", 2, seed=2)})
+    before, version = _addresses(store, "conv-a"), store.version(TABLE)
+
+    # The same rows again: nothing differs, nothing is written, the latest version is the answer.
+    assert store.replace_conversations(TABLE, {"conv-a": rows}) == version == store.version(TABLE)
+
+    # Row 0 keeps its text under other vector bits (another model), row 1 gets another text, a gist row
+    # goes away and a new row arrives; rows 2-4 and the other gist are stored exactly already.
+    new_row = VectorRow("conv-a", "item", "itm_new", "content", 0, "brand new", unit(77))
+    changed = [replace(rows[0], vector=unit(500)), replace(rows[1], text="other text"), *rows[2:6], new_row]
+    assert store.replace_conversations(TABLE, {"conv-a": changed}) == version + 1
+    after = _addresses(store, "conv-a")
+    unchanged = {r.row_id for r in rows[2:6]}
+    assert {r: after[r] for r in unchanged} == {r: before[r] for r in unchanged}  # not rewritten
+    assert after[rows[0].row_id] != before[rows[0].row_id] and after[rows[1].row_id] != before[rows[1].row_id]
+    assert set(after) == {r.row_id for r in changed}  # the dropped gist row is gone, the new one is in
+    loaded = store.load_conversation(TABLE, "conv-a")
+    got = dict(zip(loaded.meta.column("row_id").to_pylist(), range(len(loaded)), strict=True))
+    for row in changed:  # the table holds exactly what was asked for, as a full rewrite would
+        assert loaded.meta.column("text")[got[row.row_id]].as_py() == row.text
+        np.testing.assert_array_equal(loaded.vectors[got[row.row_id]], row.vector)
+    assert len(store.load_conversation(TABLE, "conv-b")) == 2
 
 
 def test_reader_pinned_at_a_version_keeps_the_old_rows(store: VectorStore) -> None:

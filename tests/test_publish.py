@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 from tests.fakes import FakeChatModel
@@ -27,11 +29,22 @@ IDS = ("conv-26", "conv-30")
 
 
 class RenamedEmbedder(HashEmbedder):
-    """The same vectors under another model name (as if TMEM_EMBEDDING_MODEL changed)."""
+    """The same vectors under another model name."""
 
     @property
     def model_name(self) -> str:
         return "hash-renamed"
+
+
+class OtherModelEmbedder(HashEmbedder):
+    """Other vectors under another model name (as if TMEM_EMBEDDING_MODEL changed)."""
+
+    @property
+    def model_name(self) -> str:
+        return "hash-other"
+
+    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        return np.ascontiguousarray(-super().embed(texts))
 
 
 def runtime(store: Path, run_id: str, embedder: HashEmbedder) -> BuildRuntime:
@@ -92,11 +105,19 @@ def test_an_unchanged_conversation_is_not_written_again_and_a_changed_one_is(tmp
     assert diff_images(memory_image(grown, "conv-26"), memory_image(after, "conv-26")) == []
     assert memory_image(grown, "conv-30").rows["scenes"] != memory_image(after, "conv-30").rows["scenes"]
 
-    # Another embedding model: the memory is the same, its vectors are not, so both are republished.
+    # Another model name with the very same vector bits: both are republished (new build ids), and the
+    # vector write finds every row already stored exactly, so it writes none.
     lance_grown = versions(store)
     _, renamed_ids = publish(store, "r4", RenamedEmbedder())
     assert all(renamed_ids[cid] != grown_ids[cid] for cid in IDS)
+    assert versions(store) == lance_grown
+    # Another embedding model: the memory is the same, its vectors are not, so they are written again.
+    _, other_ids = publish(store, "r5", OtherModelEmbedder())
+    assert all(other_ids[cid] != renamed_ids[cid] for cid in IDS)
     assert len(versions(store)) > len(lance_grown)
+    vectors = VectorStore(store / "lance", dim=HashEmbedder().dim)
+    latest = vectors.load_conversation("vectors", "conv-26")
+    assert np.allclose(latest.vectors, OtherModelEmbedder().embed(latest.meta.column("text").to_pylist()))
 
 
 def test_a_failed_vector_write_records_no_build_and_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -482,3 +482,33 @@ def test_a_worker_reads_its_exchange_one_read_at_a_time(store: Path, monkeypatch
         assert results["turns"] > 0 and results["embedding cache"] == {} and results["response cache"] == '{"a": 1}'
     finally:
         rt.con.close()
+
+
+def test_units_submitted_together_serialise_the_prefect_settings_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a Dask task runner sends with every submission (``serialize_context``): under
+    ``settings_serialized_once`` the settings are serialised for the first unit only, and every unit
+    gets exactly what it got before; outside it, each call serialises again."""
+    from prefect.context import SettingsContext, serialize_context
+
+    from tmem.tasks.build import settings_serialized_once
+
+    calls: list[bool] = []
+    serialize = SettingsContext.serialize
+
+    def counted(self: SettingsContext, include_secrets: bool = True) -> dict[str, Any]:
+        calls.append(include_secrets)
+        return serialize(self, include_secrets=include_secrets)
+
+    monkeypatch.setattr(SettingsContext, "serialize", counted)
+    outer = SettingsContext.get()
+    before = serialize_context()["settings_context"]
+    with settings_serialized_once():
+        sent = [serialize_context()["settings_context"] for _ in range(3)]
+        inner = SettingsContext.get()
+        assert outer is not None and inner is not None and inner is not outer
+        assert inner.settings is outer.settings and inner.profile == outer.profile
+    assert SettingsContext.get() is outer
+    assert len(calls) == 2  # one outside, one for the three units
+    assert all(s == before for s in sent)
+    serialize_context()
+    assert len(calls) == 3  # the flow's own context serialises as before once the units are sent
