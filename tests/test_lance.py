@@ -17,6 +17,8 @@ from tmem.store.lance import (
     ConversationVectors,
     VectorRow,
     VectorStore,
+    _difference,
+    _same_vectors,
     make_row_id,
     scope_filter,
     vector_schema,
@@ -162,6 +164,36 @@ def test_replace_writes_only_the_rows_that_differ_with_the_same_result(store: Ve
         assert loaded.meta.column("text")[got[row.row_id]].as_py() == row.text
         np.testing.assert_array_equal(loaded.vectors[got[row.row_id]], row.vector)
     assert len(store.load_conversation(TABLE, "conv-b")) == 2
+
+
+def test_the_difference_is_found_across_chunks_by_bits(store: VectorStore) -> None:
+    """The matching behind a replace (``_difference``) on stored rows as Lance returns them, in several
+    chunks and out of order: only a new row, a new text and a vector one bit apart differ, -0.0 is
+    not 0.0, and a stored row the input lacks is gone; compared a few rows at a time or all at once."""
+    rows = rows_for("c", 9, seed=4)
+    zero = replace(rows[8], vector=np.zeros(DIM, dtype=np.float32))
+    table = store._to_arrow(TABLE, [*rows[:8], zero])
+    stored = pa.Table.from_batches([table.slice(6).to_batches()[0], table.slice(0, 3).to_batches()[0],
+                                    table.slice(3, 3).to_batches()[0]]).select(["row_id", "text", "vector"])
+    assert stored.column("vector").num_chunks == 3
+    flipped = rows[4].vector.copy()
+    flipped.view(np.uint32)[2] ^= 1  # one bit of one float
+    negative_zero = np.zeros(DIM, dtype=np.float32)
+    negative_zero[0] = -0.0
+    fresh = VectorRow("c", "item", "itm_new", "content", 0, "new", unit(5))
+    asked = [rows[0], replace(rows[1], text="changed"), rows[2], rows[3], replace(rows[4], vector=flipped),
+             rows[5], rows[6], replace(zero, vector=negative_zero), fresh]  # rows[7] is no longer asked for
+    differ, gone = _difference(store._to_arrow(TABLE, asked), stored, DIM)
+    assert differ.tolist() == [False, True, False, False, True, False, False, True, True]
+    assert gone == [rows[7].row_id]
+    # stored position of each asked row (as laid out above: rows 6-8, then 0-2, then 3-5)
+    at = {0: 3, 1: 4, 2: 5, 3: 6, 4: 7, 5: 8, 6: 0, 7: 2}
+    n = np.array(list(at), dtype=np.int64)
+    o = np.array(list(at.values()), dtype=np.int64)
+    matrix = np.stack([r.vector for r in asked[:8]])
+    for step in (1, 2, 3, 4096):
+        same = _same_vectors(matrix, stored.column("vector"), n, o, DIM, step=step)
+        assert same.tolist() == [True, True, True, True, False, True, True, False]
 
 
 def test_reader_pinned_at_a_version_keeps_the_old_rows(store: VectorStore) -> None:

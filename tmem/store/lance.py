@@ -25,6 +25,7 @@ import lancedb
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 from lancedb.expr import Expr, col, lit
 from lancedb.index import BTree
 from lancedb.query import LanceVectorQueryBuilder
@@ -422,23 +423,45 @@ class VectorStore:
 def _difference(data: pa.Table, stored: pa.Table, dim: int) -> tuple[npt.NDArray[np.bool_], list[str]]:
     """Which rows of ``data`` differ from ``stored`` (the same conversations' rows now: row_id,
     text, vector) — new, or another text or vector under their row_id — and the stored row ids
-    that ``data`` no longer has."""
-    position = {row_id: n for n, row_id in enumerate(stored.column("row_id").to_pylist())}
-    row_ids = data.column("row_id").to_pylist()
-    texts = data.column("text").to_pylist()
-    old_texts = stored.column("text").to_pylist()
-    at = np.array([position.get(r, -1) for r in row_ids], dtype=np.int64)
-    differ = at < 0
-    known = np.flatnonzero(~differ)
-    if known.size:
-        new_vectors = _vector_matrix(data.column("vector"), dim)[known]
-        old_vectors = _vector_matrix(stored.column("vector"), dim)[at[known]]
-        same_text = np.fromiter((texts[i] == old_texts[at[i]] for i in known), dtype=bool, count=known.size)
-        # bits, not values: a vector rewritten with other bits (another model, say) is written again
-        same_vector = (new_vectors.view(np.uint32) == old_vectors.view(np.uint32)).all(axis=1)
-        differ[known] = ~(same_text & same_vector)
-    kept = set(row_ids)
-    return differ, [r for r in position if r not in kept]
+    that ``data`` no longer has. Matched in Arrow and numpy, not row by row in Python: the publish
+    runs this beside the working database's rows, and a Python loop over ~160,000 rows held the
+    interpreter from that thread for seconds (a nightly of 1,000 conversations)."""
+    new = pa.table({"row_id": data.column("row_id"), "text": data.column("text"),
+                    "n": pa.array(np.arange(data.num_rows, dtype=np.int64))})
+    old = pa.table({"row_id": stored.column("row_id"), "stored_text": stored.column("text"),
+                    "o": pa.array(np.arange(stored.num_rows, dtype=np.int64))})
+    matched = new.join(old, "row_id", join_type="inner")  # row ids are unique on both sides
+    n = matched.column("n").to_numpy()
+    o = matched.column("o").to_numpy()
+    same_text = pc.equal(matched.column("text"), matched.column("stored_text")).to_numpy(zero_copy_only=False)
+    same_vector = _same_vectors(_vector_matrix(data.column("vector"), dim), stored.column("vector"), n, o, dim)
+    differ = np.ones(data.num_rows, dtype=bool)
+    differ[n] = ~(same_text & same_vector)
+    gone = pc.filter(stored.column("row_id"), pc.invert(pc.is_in(stored.column("row_id"), value_set=data.column("row_id"))))
+    return differ, [str(r) for r in gone.to_pylist()]
+
+
+def _same_vectors(new: npt.NDArray[np.float32], stored: pa.ChunkedArray, n: npt.NDArray[np.int64],
+                  o: npt.NDArray[np.int64], dim: int, step: int = 4096) -> npt.NDArray[np.bool_]:
+    """Whether ``new[n[i]]`` and stored row ``o[i]`` hold the same bits (not values: a vector written
+    again with other bits, by another model say, differs). Read chunk by chunk where Lance returned
+    them, ``step`` rows at a time: gathering both sides whole (2 x 250 MB at 160,000 rows of 384)
+    cost ~3 s here in fresh pages, this ~0.1 s."""
+    same = np.zeros(n.size, dtype=bool)
+    order = np.argsort(o, kind="stable")
+    placed = o[order]  # stored positions, ascending
+    new_bits = new.view(np.uint32)
+    start = 0
+    for chunk in stored.chunks:
+        stop = start + len(chunk)
+        lo, hi = (int(x) for x in np.searchsorted(placed, [start, stop]))
+        if hi > lo:
+            bits = np.asarray(chunk.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, dim).view(np.uint32)
+            for first in range(lo, hi, step):
+                rows = order[first:min(first + step, hi)]
+                same[rows] = (new_bits[n[rows]] == bits[o[rows] - start]).all(axis=1)
+        start = stop
+    return same
 
 
 def _vector_matrix(column: pa.ChunkedArray, dim: int) -> npt.NDArray[np.float32]:
