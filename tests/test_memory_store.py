@@ -8,6 +8,7 @@ import duckdb
 import pytest
 
 from tests.factories import sample_memory
+from tmem.domain import ConversationMemory
 from tmem.errors import StoreError
 from tmem.store.duck import connect, table_counts
 from tmem.store.memory_rows import read_memory, record_memory_build, replace_memories
@@ -32,6 +33,51 @@ def test_replace_is_per_conversation_and_idempotent(tmp_path: Path) -> None:
     replace_memories(con, [sample_memory("conv-a", tag="new")])
     assert read_memory(con, "conv-b") == sample_memory("conv-b", tag="b")
     assert {s.scene_id for s in read_memory(con, "conv-a").scenes} == {"scn_new0", "scn_new1", "scn_new2"}
+
+
+def _row_ids(con: duckdb.DuckDBPyConnection, table: str, key: str) -> dict[str, int]:
+    """key column -> DuckDB's rowid of the row (a row deleted and inserted again gets a new one)."""
+    return {str(k): int(r) for k, r in con.execute(f"SELECT {key}, rowid FROM {table}").fetchall()}
+
+
+def test_replace_writes_only_the_rows_that_differ_and_ends_as_a_full_rewrite(tmp_path: Path) -> None:
+    con = connect(tmp_path)
+    old = sample_memory("conv-a")
+    replace_memories(con, [old, sample_memory("conv-b", tag="b")])
+    items, scenes = _row_ids(con, "items", "item_id"), _row_ids(con, "scenes", "scene_id")
+    triggers = _row_ids(con, "item_triggers", "text")  # entity rows hold a NULL rationale
+
+    # The same memory again: no row is touched (NULLs compare equal: itm_1 has no event time).
+    replace_memories(con, [old])
+    assert (_row_ids(con, "items", "item_id"), _row_ids(con, "scenes", "scene_id")) == (items, scenes)
+    assert _row_ids(con, "item_triggers", "text") == triggers
+
+    # One item reworded, one scene dropped (with what pointed at it), one item added.
+    added = old.items[0].model_copy(update={"item_id": "itm_new", "content": "A new fact."})
+    new = old.model_copy(update={
+        "items": (old.items[0].model_copy(update={"content": "Caroline made two bowls."}),
+                  old.items[1].model_copy(update={"source_scene_ids": (old.scenes[0].scene_id,)}), added),
+        "scenes": old.scenes[:2],
+        "topics": (old.topics[0].model_copy(update={"scene_ids": (old.scenes[0].scene_id,)}), old.topics[1]),
+    })
+    replace_memories(con, [new])
+    after = _row_ids(con, "items", "item_id")
+    assert after["itm_0"] != items["itm_0"]  # changed: written again
+    assert after["itm_1"] == items["itm_1"]  # only its scene links changed (item_scene), not its row
+    assert "itm_new" in after
+    links = con.execute("SELECT item_id, scene_id FROM item_scene WHERE conversation_id = 'conv-a' ORDER BY 1, 2").fetchall()
+    assert links == [("itm_0", "scn_0"), ("itm_1", "scn_0"), ("itm_new", "scn_0")]
+    assert {k: v for k, v in _row_ids(con, "scenes", "scene_id").items() if k in ("scn_0", "scn_1")} == \
+        {k: scenes[k] for k in ("scn_0", "scn_1")}  # unchanged: where they were
+    assert _row_ids(con, "item_triggers", "text") == triggers
+    assert read_memory(con, "conv-a") == read_memory(_fresh(tmp_path / "fresh", new), "conv-a")
+    assert read_memory(con, "conv-b") == sample_memory("conv-b", tag="b")
+
+
+def _fresh(path: Path, memory: ConversationMemory) -> duckdb.DuckDBPyConnection:
+    con = connect(path)
+    replace_memories(con, [memory])
+    return con
 
 
 def test_failed_replace_leaves_previous_memory(tmp_path: Path) -> None:

@@ -63,8 +63,21 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
 
 def memory_frames(memory: ConversationMemory) -> dict[str, pl.DataFrame]:
     """The memory as one polars frame per table (columns in table order)."""
-    cid = memory.conversation_id
+    return memories_frames([memory])
+
+
+def memories_frames(memories: Iterable[ConversationMemory]) -> dict[str, pl.DataFrame]:
+    """Several memories as one polars frame per table (columns in table order), in the given order:
+    one frame of every memory's rows, not a frame per memory concatenated (~0.7 s of a 1,000-conversation
+    publish's ~1.4 s of statements)."""
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in MEMORY_TABLES}
+    for memory in memories:
+        _add_rows(memory, rows)
+    return {name: pl.DataFrame(rows[name], schema=_SCHEMAS[name]) for name in MEMORY_TABLES}
+
+
+def _add_rows(memory: ConversationMemory, rows: dict[str, list[dict[str, Any]]]) -> None:
+    cid = memory.conversation_id
     for s in memory.scenes:
         rows["scenes"].append({
             "conversation_id": cid, "scene_id": s.scene_id, "seq": s.seq, "title": s.title,
@@ -121,34 +134,44 @@ def memory_frames(memory: ConversationMemory) -> dict[str, pl.DataFrame]:
             "conversation_id": cid, "speaker": p.speaker,
             "persona": json.dumps(p.model_dump(mode="json", exclude={"conversation_id", "speaker"}), sort_keys=True),
         })
-    return {name: pl.DataFrame(rows[name], schema=_SCHEMAS[name]) for name in MEMORY_TABLES}
 
 
 def replace_memories(con: duckdb.DuckDBPyConnection, memories: Iterable[ConversationMemory]) -> None:
-    """Replace the stored memory of each given conversation, all in one transaction: per table one
-    DELETE of the conversations' rows and one INSERT of their new rows, however many conversations
-    (a nightly republishes thousands; a statement per conversation and table cost ~25 ms each)."""
+    """Replace the stored memory of each given conversation, all in one transaction, per table with one
+    DELETE and one INSERT however many conversations (a statement per conversation and table cost ~25 ms
+    each). Only what differs is written: the DELETE removes the conversations' rows that no new row
+    equals in every column, the INSERT adds the new rows but those stored (as a multiset), so the tables end as if
+    every row had been replaced. A nightly that adds a session to each of 1,000 conversations leaves
+    most of their rows as they were; rewriting all of them made the commit ~10 x longer (2.0 against
+    0.2 s here), every row deleted and inserted again going through the write-ahead log and checkpoint."""
     memories = list(memories)
     if not memories:
         return
     ids = [m.conversation_id for m in memories]
     if len(set(ids)) != len(ids):
         raise ValueError(f"replace_memories: a conversation is given twice: {sorted({i for i in ids if ids.count(i) > 1})}")
-    frames = [memory_frames(m) for m in memories]
-    con.execute("BEGIN TRANSACTION")
+    frames = memories_frames(memories)
+    cur = con.cursor()  # its own handle: the staged frames and the transaction are this write's alone
     try:
         for name in MEMORY_TABLES:
-            con.execute(f"DELETE FROM {name} WHERE list_contains(?, conversation_id)", [ids])  # noqa: S608
-            frame = pl.concat([f[name] for f in frames if f[name].height], how="vertical") if any(
-                f[name].height for f in frames) else None
-            if frame is not None:
-                con.register("_frame", frame)
-                con.execute(f"INSERT INTO {name} SELECT * FROM _frame")  # noqa: S608
-                con.unregister("_frame")
-    except duckdb.Error:
-        con.execute("ROLLBACK")
-        raise
-    con.execute("COMMIT")
+            cur.register(f"_new_{name}", frames[name])
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            for name in MEMORY_TABLES:
+                # Every table's key is part of its columns, so a stored row equal to a new one in every
+                # column is that row (NULLs equal NULLs: IS NOT DISTINCT FROM).
+                same = " AND ".join(f"f.{column} IS NOT DISTINCT FROM t.{column}" for column in _SCHEMAS[name])
+                cur.execute(f"DELETE FROM {name} AS t WHERE list_contains(?, t.conversation_id) "  # noqa: S608 -- fixed names
+                            f"AND NOT EXISTS (SELECT 1 FROM _new_{name} AS f WHERE {same})", [ids])
+                # EXCEPT ALL, not NOT EXISTS: a row given twice is still inserted twice and refused by the key
+                cur.execute(f"INSERT INTO {name} (SELECT * FROM _new_{name} EXCEPT ALL SELECT * FROM {name} "  # noqa: S608
+                            "WHERE list_contains(?, conversation_id))", [ids])
+        except duckdb.Error:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+    finally:
+        cur.close()
 
 
 def record_memory_build(
