@@ -145,8 +145,10 @@ def test_replace_writes_only_the_rows_that_differ_with_the_same_result(store: Ve
     store.replace_conversations(TABLE, {"conv-a": rows, "conv-b": rows_for("conv-b", 2, seed=2)})
     before, version = _addresses(store, "conv-a"), store.version(TABLE)
 
-    # The same rows again: nothing differs, nothing is written, the latest version is the answer.
-    assert store.replace_conversations(TABLE, {"conv-a": rows}) == version == store.version(TABLE)
+    # The same rows again: nothing differs, no row is written, the write still commits its own version.
+    assert store.replace_conversations(TABLE, {"conv-a": rows}) == version + 1 == store.version(TABLE)
+    assert _addresses(store, "conv-a") == before
+    version += 1
 
     # Row 0 keeps its text under other vector bits (another model), row 1 gets another text, a gist row
     # goes away and a new row arrives; rows 2-4 and the other gist are stored exactly already.

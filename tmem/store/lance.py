@@ -218,7 +218,8 @@ class VectorStore:
         that differ and deletes only the rows that went away, with the same resulting table (a
         nightly that adds one session to each of 1,000 conversations changes ~16 % of their
         ~160,000 rows; rewriting all of them took ~4.6 core-s, the difference ~1.2). Nothing
-        differing, nothing is written and the latest version is returned. Creates the table on
+        differing, the write still commits its version (no rows): every replace makes one, as a
+        publish resumed after its vectors were written expects. Creates the table on
         first use, and the scope index once the table is large (that index build adds a later
         version holding the same rows; the version returned is this write's own).
         """
@@ -240,8 +241,6 @@ class VectorStore:
         try:
             stored = handle.search().where(scope).select(["row_id", "text", "vector"]).limit(None).to_arrow()
             differ, gone = _difference(data, stored, self.dim)
-            if not differ.any() and not gone:
-                return int(handle.version)
             merge = handle.merge_insert("row_id").when_matched_update_all().when_not_matched_insert_all()
             if gone:
                 merge = merge.when_not_matched_by_source_delete(col("row_id").isin(gone))
