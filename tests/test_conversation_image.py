@@ -122,16 +122,21 @@ def test_a_missing_image_row_is_a_store_error(published: tuple[Path, SnapshotInf
     assert reader.read_conversation(CRAFTED_IDS[3])[0].items  # the others still read
 
 
+def _image_of(info: SnapshotInfo, conversation_id: str) -> tuple[int, str] | None:
+    """(format, document) of one conversation's image in a published snapshot, or None."""
+    con = duckdb.connect(str(info.memory_db), read_only=True)
+    try:
+        return read_image(con, info.path, conversation_id)
+    finally:
+        con.close()
+
+
 def test_decoding_rejects_another_conversations_image_a_wrong_format_and_garbage(
     published: tuple[Path, SnapshotInfo],
 ) -> None:
     _, info = published
-    con = duckdb.connect(str(info.memory_db), read_only=True)
-    try:
-        found = read_image(con, info.path, CRAFTED_IDS[1])
-        assert read_image(con, info.path, "conv-a' OR '1'='1") is None
-    finally:
-        con.close()
+    assert _image_of(info, "conv-a' OR '1'='1") is None
+    found = _image_of(info, CRAFTED_IDS[1])
     assert found is not None
     fmt, image = found
     with pytest.raises(StoreError, match="belongs to"):
@@ -150,12 +155,7 @@ def test_a_memory_only_decode_gives_the_same_memory_and_leaves_the_turns_alone(
     published: tuple[Path, SnapshotInfo],
 ) -> None:
     """What a publish decodes to index a memory (``turns=False``): the same memory, no turns parsed."""
-    _, info = published
-    con = duckdb.connect(str(info.memory_db), read_only=True)
-    try:
-        found = read_image(con, info.path, CRAFTED_IDS[1])
-    finally:
-        con.close()
+    found = _image_of(published[1], CRAFTED_IDS[1])
     assert found is not None
     fmt, image = found
     memory, turns = decode_image(CRAFTED_IDS[1], fmt, image)
