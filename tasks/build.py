@@ -103,12 +103,17 @@ def build_conversations_task(spec: BuildSpec, run_id: str, conversation_ids: lis
 
 
 class _SettingsSerializedOnce(SettingsContext):
-    """The current Prefect settings context, serialised once for all the task runs submitted under it.
+    """The current Prefect settings context, serialised once for all the task runs submitted under it,
+    with the settings model itself in place of their dump.
 
     A Dask task runner sends each task run the flow run's context, its settings serialised anew for
     every submission (~45 ms of the flow process each here: several hundred settings visited one by
     one; a nightly of 1,000 conversations submits 125 units, measured with py-spy). The settings do
-    not change while the units are submitted, so the first serialisation serves them all."""
+    not change while the units are submitted, so the first serialisation serves them all. On the
+    worker, each task run makes its settings context from what it was sent: from the dump, pydantic
+    validated the settings again through every source (environment, ``.env``, profiles, the
+    ``pyproject.toml`` and ``prefect.toml`` files: ~30 ms of the worker per task run); the model
+    itself (pickled with the task run) is taken as it is."""
 
     _serialized: dict[str, Any] | None = None
 
@@ -116,7 +121,7 @@ class _SettingsSerializedOnce(SettingsContext):
         if not include_secrets:
             return super().serialize(include_secrets=False)
         if self._serialized is None:
-            self._serialized = super().serialize(include_secrets=True)
+            self._serialized = super().serialize(include_secrets=True) | {"settings": self.settings}
         return self._serialized
 
 

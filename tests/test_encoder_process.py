@@ -84,6 +84,37 @@ def test_close_ends_the_child(encoder: EncoderProcess) -> None:
     assert encoder.pid is None and _gone(pid)
 
 
+class _Told(EncoderProcess):
+    """A child that records being told to end (no process behind it)."""
+
+    def __init__(self, n: int, events: list[str]) -> None:
+        super().__init__(EncoderSpec("all-MiniLM-L6-v2"))
+        self.n, self.events = n, events
+
+    def stop(self) -> subprocess.Popen[bytes] | None:
+        self.events.append(f"told {self.n}")
+        return None
+
+
+def test_a_pool_tells_every_child_to_end_before_waiting_for_any(monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    monkeypatch.setattr(EncoderProcess, "reap", staticmethod(lambda process: events.append("waited")))
+    pool = EncoderPool(EncoderSpec("all-MiniLM-L6-v2"), 3)
+    pool.children = [_Told(n, events) for n in range(3)]
+    pool.close()
+    assert events == ["told 0", "told 1", "told 2", "waited", "waited", "waited"]
+
+
+def test_closed_pool_children_have_all_exited_cleanly() -> None:
+    pool = EncoderPool(EncoderSpec("all-MiniLM-L6-v2", 16, "cpu", 1), 2)
+    pool.start()
+    processes = [child._process for child in pool.children]
+    assert all(p is not None for p in processes)
+    pool.close()
+    assert [p.returncode for p in processes if p is not None] == [0, 0]  # each child ended itself
+    assert pool.pids == [None, None]
+
+
 def test_a_parent_killed_with_sigkill_leaves_no_encoder() -> None:
     script = (
         "from tmem.providers.encoder_process import EncoderPool, EncoderProcess, EncoderSpec, length_shares\n"

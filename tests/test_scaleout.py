@@ -509,6 +509,27 @@ def test_units_submitted_together_serialise_the_prefect_settings_once(monkeypatc
         assert inner.settings is outer.settings and inner.profile == outer.profile
     assert SettingsContext.get() is outer
     assert len(calls) == 2  # one outside, one for the three units
-    assert all(s == before for s in sent)
+    # a worker's task run makes its settings context from what it was sent (pickled by Dask): the
+    # same profile and settings as from the dump, the settings model taken as it is, not validated again
+    assert all(s["profile"] == before["profile"] and s["settings"] is outer.settings for s in sent)
+    import pickle
+
+    hydrated = SettingsContext(**pickle.loads(pickle.dumps(sent[0])))
+    assert hydrated.settings == SettingsContext(**before).settings == outer.settings
+    assert hydrated.profile == outer.profile
+    from prefect.settings import Settings
+
+    built: list[int] = []
+    init = Settings.__init__
+
+    def counted_init(self: Settings, *args: Any, **kwargs: Any) -> None:
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Settings, "__init__", counted_init)
+    SettingsContext(**pickle.loads(pickle.dumps(sent[0])))
+    assert built == []  # no settings source read again
+    SettingsContext(**before)
+    assert built  # what a dump costs: the settings made again from their sources
     serialize_context()
     assert len(calls) == 3  # the flow's own context serialises as before once the units are sent

@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -135,6 +136,10 @@ class EncoderProcess:
 
     def close(self) -> None:
         """End the child (it also ends by itself when this process exits)."""
+        self.reap(self.stop())
+
+    def stop(self) -> subprocess.Popen[bytes] | None:
+        """Tell the child to end and forget it, without waiting; the process to :meth:`reap`, if any."""
         with self._lock:
             conn, process = self._conn, self._process
             self._conn = self._process = None
@@ -144,12 +149,18 @@ class EncoderProcess:
                 except (OSError, EOFError):
                     pass  # already gone: nothing to stop
                 conn.close()
-            if process is not None:
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.terminate()
-                    process.wait(5)
+            return process
+
+    @staticmethod
+    def reap(process: subprocess.Popen[bytes] | None) -> None:
+        """Wait for a child :meth:`stop` told to end (terminated if it has not after 10 s)."""
+        if process is None:
+            return
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            process.wait(5)
 
     def start(self) -> None:
         """Start the child now if none runs (a call would start it)."""
@@ -298,8 +309,11 @@ class EncoderPool:
                              self.MIN_SHARE_TEXTS)
 
     def close(self) -> None:
-        for child in self.children:
-            child.close()
+        """End every child: all told first, then waited for, so they end side by side (one after
+        the other, each child's exit was ~1.2 s of a nightly's end on 2 cores)."""
+        stopped = [child.stop() for child in self.children]
+        for process in stopped:
+            EncoderProcess.reap(process)
 
 
 def length_shares(lengths: list[int], shares: int, min_texts: int) -> list[list[int]]:
@@ -346,3 +360,8 @@ def main(argv: list[str]) -> None:
     """The child's entry point, given the socket's descriptor and the spec as JSON (:func:`_child_command`)."""
     fd, spec = int(argv[0]), EncoderSpec(**json.loads(argv[1]))
     _serve(Connection(fd), spec)
+    # The child keeps nothing: its answers went over the socket. Ending here skips the interpreter's
+    # teardown of torch and the model (~1 s of a core), which the parent's close waits for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
