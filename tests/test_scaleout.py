@@ -488,7 +488,10 @@ def test_units_submitted_together_serialise_the_prefect_settings_once(monkeypatc
     """What a Dask task runner sends with every submission (``serialize_context``): under
     ``settings_serialized_once`` the settings are serialised for the first unit only, and every unit
     gets exactly what it got before; outside it, each call serialises again."""
+    import pickle
+
     from prefect.context import SettingsContext, serialize_context
+    from prefect.settings import Settings
 
     from tmem.tasks.build import settings_serialized_once
 
@@ -512,13 +515,9 @@ def test_units_submitted_together_serialise_the_prefect_settings_once(monkeypatc
     # a worker's task run makes its settings context from what it was sent (pickled by Dask): the
     # same profile and settings as from the dump, the settings model taken as it is, not validated again
     assert all(s["profile"] == before["profile"] and s["settings"] is outer.settings for s in sent)
-    import pickle
-
     hydrated = SettingsContext(**pickle.loads(pickle.dumps(sent[0])))
     assert hydrated.settings == SettingsContext(**before).settings == outer.settings
     assert hydrated.profile == outer.profile
-    from prefect.settings import Settings
-
     built: list[int] = []
     init = Settings.__init__
 

@@ -241,18 +241,15 @@ class VectorStore:
         # converted (Python): one after the other they were ~3 + ~3.7 s of a 1,000-conversation nightly's
         # publish, its longest part. A table not there yet has no rows, and is made only once the new
         # rows passed their checks.
+        columns = ["row_id", "text", "vector"]
         existing = self._table(table, create=False) if self.has_table(table) else None
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tmem-lance-read") as reader:
-            reading = (reader.submit(lambda: existing.search().where(scope).select(["row_id", "text", "vector"])
-                                     .limit(None).to_arrow()) if existing is not None else None)
+            reading = (reader.submit(lambda: existing.search().where(scope).select(columns).limit(None).to_arrow())
+                       if existing is not None else None)
             data = self._to_arrow(table, rows)
-            handle = existing if existing is not None else self._table(table, create=True)
-            try:
-                stored = reading.result() if reading is not None else self._schema.empty_table().select(
-                    ["row_id", "text", "vector"])
-            except (OSError, ValueError, RuntimeError) as exc:
-                raise StoreError(f"{self.uri}/{table}: replacing conversations {ids[:3]} failed ({exc})") from exc
+        handle = existing if existing is not None else self._table(table, create=True)
         try:
+            stored = reading.result() if reading is not None else self._schema.empty_table().select(columns)
             differ, gone = _difference(data, stored, self.dim)
             merge = handle.merge_insert("row_id").when_matched_update_all().when_not_matched_insert_all()
             if gone:
