@@ -1,12 +1,14 @@
 """The construction DAG (DESIGN.md §2) as a Prefect flow:
 
-    posted turns (spool) ─▶ the conversations to build (all, given, or changed) ─▶ export for Dask workers
+    (Dask: the cluster starts) ─▶ posted turns (spool) ─▶ the conversations to build (all, given, or changed)
+        ─▶ export for Dask workers
         ─▶ one ``conversation/<id>`` task run per conversation, in parallel: its stages run in process
            (segment ─▶ topics ─▶ items ─▶ item triggers / scene triggers / personas ─▶ embedded views),
            each stage and retry in the task run's log (a build of many more conversations than it
            builds at once sends them in batches, ``conversations/<id>+<more>``, each line of the log
            naming its conversation)
-        ─▶ as each conversation finishes: its quarantined units and notes recorded, progress artifact updated
+        ─▶ as each conversation finishes: its quarantined units and notes recorded, its build id and vector
+           table made for the publish, progress artifact updated
         ─▶ workers' cache and ledger writes stored ─▶ publish one snapshot ─▶ build report artifact
 
 A conversation that fails keeps its previous memory and is reported with the typed error that
@@ -30,6 +32,7 @@ from prefect.utilities.annotations import quote
 
 from tmem.build.bookkeeping import BuildRun
 from tmem.build.conversation import ConversationBuild
+from tmem.build.publish import ready_to_publish
 from tmem.build.runtime import release, runtime_for
 from tmem.build.spec import BuildSpec
 from tmem.tasks.build import submit_conversations, unit_outcomes
@@ -41,6 +44,7 @@ from tmem.tasks.scaleout import (
     conversation_units,
     open_exchange_for_workers,
     remove_exchange,
+    start_workers,
     store_worker_journals,
 )
 
@@ -64,6 +68,7 @@ def build_memory(
     so only new work costs tokens. ``prices`` overrides the model price table of the cost estimate
     (USD per 1M tokens).
     """
+    start_workers()  # TMEM_TASK_RUNNER=dask: the cluster starts while the store opens
     spec = store if isinstance(store, BuildSpec) else BuildSpec.resolve(store)
     run_id = str(flow_run.get_id() or uuid.uuid4())
     rt = runtime_for(spec, run_id)  # this process holds the working database until the run ends
@@ -77,7 +82,7 @@ def build_memory(
         for future in as_completed(list(units)):
             for cid, outcome in unit_outcomes(future, units[future]).items():
                 if isinstance(outcome, ConversationBuild):
-                    run.built(cid, outcome)
+                    run.built(cid, ready_to_publish(rt, outcome))  # its build id and vector table made now
                 else:
                     run.failed(cid, outcome)
                 progress.conversation_done(cid, ok=isinstance(outcome, ConversationBuild))

@@ -51,11 +51,11 @@ def task_runner_for(settings: Settings, api_url: str | None = None) -> TaskRunne
         # A worker has no batch journal (it never writes the store): a killed build would pay twice.
         raise ConfigError("TMEM_LLM_BATCH=on is not supported with TMEM_TASK_RUNNER=dask yet: use threads for batch builds")
     try:
-        from prefect_dask import DaskTaskRunner
+        from tmem.tasks.dask_runner import WORKER_PRELOAD, BuildDaskTaskRunner
     except ImportError as exc:
         raise ConfigError(f"TMEM_TASK_RUNNER=dask needs prefect-dask: pip install 'tmem[dask]' ({exc})") from exc
     if settings.dask_address:
-        return DaskTaskRunner(address=settings.dask_address)
+        return BuildDaskTaskRunner(address=settings.dask_address)
     cluster: dict[str, Any] = {
         "n_workers": settings.dask_workers, "threads_per_worker": settings.dask_threads_per_worker,
         "processes": True, "dashboard_address": None,
@@ -67,10 +67,12 @@ def task_runner_for(settings: Settings, api_url: str | None = None) -> TaskRunne
         # of a 1,000-conversation nightly, every thread waiting for the GIL (py-spy dump --native).
         # (a dotted key: the nanny merges this over the whole config one level deep, the worker sets it)
         "config": {"distributed.worker.profile.enabled": False},
+        # each worker imports the build's modules as it starts, not inside its first task run (tmem.tasks.dask_runner)
+        "preload": list(WORKER_PRELOAD),
     }
     if api_url:
         cluster["env"] = {"PREFECT_API_URL": api_url}
-    return DaskTaskRunner(cluster_kwargs=cluster)
+    return BuildDaskTaskRunner(cluster_kwargs=cluster)
 
 
 class ConfiguredTaskRunner(TaskRunner[PrefectFuture[Any]]):
@@ -114,6 +116,19 @@ def _on_dask_worker() -> bool:
     except ValueError:  # "No worker found": not in a worker's task
         return False
     return True
+
+
+def start_workers() -> None:
+    """On Dask, start the flow run's cluster now, in the background, while the flow opens the store (the
+    first use of the client waits for it: :class:`tmem.tasks.dask_runner.BuildDaskTaskRunner`); on the
+    thread pool nothing."""
+    ctx = FlowRunContext.get()
+    if ctx is None or "prefect_dask" not in sys.modules:
+        return
+    from tmem.tasks.dask_runner import BuildDaskTaskRunner
+
+    if isinstance(ctx.task_runner, BuildDaskTaskRunner):
+        ctx.task_runner.start_ahead()
 
 
 def dask_client() -> Client | None:

@@ -55,6 +55,19 @@ def test_rows_width_and_limit_are_the_in_process_encoders(encoder: EncoderProces
     assert encoder.embed([]).shape == (0, 384)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc is tuned on glibc only")
+def test_a_child_tunes_its_malloc_whatever_the_environment_it_inherits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local Dask cluster's nanny writes MALLOC_TRIM_THRESHOLD_=65536 into the flow process's environment,
+    which every encoder child started after the cluster inherits; the child sets its own thresholds."""
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    child = EncoderProcess(EncoderSpec("all-MiniLM-L6-v2"))
+    try:
+        assert child.malloc_tuned is True
+        assert child.embed(TEXTS).shape == (4, 384)
+    finally:
+        child.close()
+
+
 def test_a_model_that_cannot_load_is_named_and_leaves_no_child() -> None:
     broken = EncoderProcess(EncoderSpec("/nonexistent/model-dir"))
     with pytest.raises(EmbeddingError, match="could not start") as caught:

@@ -21,6 +21,7 @@ from tmem.store.lance import (
     _same_vectors,
     make_row_id,
     scope_filter,
+    vector_rows_table,
     vector_schema,
 )
 
@@ -379,3 +380,33 @@ def test_row_ids_are_deterministic_and_distinct_per_key() -> None:
     a = make_row_id("c", "item", "i1", "con", 0)
     assert a == make_row_id("c", "item", "i1", "con", 0)
     assert len({a, make_row_id("c", "item", "i1", "con", 1), make_row_id("d", "item", "i1", "con", 0)}) == 3
+
+
+def test_rows_converted_ahead_write_the_same_table_and_are_still_checked(store: VectorStore, tmp_path: Path) -> None:
+    """Conversations handed over already converted (vector_rows_table, as the publisher makes them when each
+    build arrives) are written with the others in the one version, giving the table the rows themselves give;
+    a converted table of another schema or conversation, or a row id twice across both kinds, is refused."""
+    rows = {"conv-a": rows_for("conv-a", 4, seed=1), "conv-b": rows_for("conv-b", 3, seed=5, text="b")}
+    plain = VectorStore(tmp_path / "plain", dim=DIM)
+    plain.replace_conversations(TABLE, rows)
+    version = store.replace_conversations(TABLE, {"conv-a": [], "conv-b": rows["conv-b"]},
+                                          {"conv-a": vector_rows_table(TABLE, rows["conv-a"], DIM)})
+    assert version == store.version(TABLE)
+    for cid in rows:
+        ours, theirs = store.load_conversation(TABLE, cid), plain.load_conversation(TABLE, cid)
+        assert ours.meta.equals(theirs.meta) and ours.vectors.tobytes() == theirs.vectors.tobytes()
+
+    with pytest.raises(StoreError, match="converted for another schema"):
+        wider = [replace(r, vector=np.full(DIM + 1, 1 / 3, dtype=np.float32)) for r in rows["conv-a"]]
+        store.replace_conversations(TABLE, {"conv-a": []}, {"conv-a": vector_rows_table(TABLE, wider, DIM + 1)})
+    with pytest.raises(ScopeError, match="its converted rows hold another conversation's"):
+        store.replace_conversations(TABLE, {"conv-b": []}, {"conv-b": vector_rows_table(TABLE, rows["conv-a"], DIM)})
+    twice = rows_for("conv-a", 1, seed=9)
+    with pytest.raises(StoreError, match="duplicate row ids in one write"):
+        store.replace_conversations(TABLE, {"conv-a": twice, "conv-c": []},
+                                    {"conv-c": vector_rows_table(TABLE, twice, DIM)
+                                     .set_column(1, pa.field("conversation_id", pa.string(), nullable=False),
+                                                 pa.array(["conv-c"]))})
+    assert store.version(TABLE) == version  # nothing refused was written
+    with pytest.raises(StoreError, match="non-finite vector"):
+        vector_rows_table(TABLE, [replace(rows["conv-a"][0], vector=np.full(DIM, np.nan, dtype=np.float32))], DIM)

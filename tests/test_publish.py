@@ -14,7 +14,7 @@ from tests.fakes import FakeChatModel
 from tests.flow_helpers import ingest_slice
 from tests.query_store import HashEmbedder
 from tmem.build.conversation import build_conversation
-from tmem.build.publish import build_id_of, publish_builds
+from tmem.build.publish import build_id_of, publish_builds, ready_to_publish
 from tmem.build.runtime import BuildRuntime
 from tmem.build.spec import BuildSpec, build_fingerprint
 from tmem.errors import StoreError
@@ -55,11 +55,16 @@ def runtime(store: Path, run_id: str, embedder: HashEmbedder) -> BuildRuntime:
                         fingerprint=build_fingerprint(settings, chat.model_name))
 
 
-def publish(store: Path, run_id: str, embedder: HashEmbedder, ids: tuple[str, ...] = IDS) -> tuple[str, dict[str, str]]:
+def publish(store: Path, run_id: str, embedder: HashEmbedder, ids: tuple[str, ...] = IDS,
+            ready: bool = False) -> tuple[str, dict[str, str]]:
+    """Build and publish ``ids``; ``ready``: each build made ready as the flow does when it arrives."""
     rt = runtime(store, run_id, embedder)
     try:
         builds = {cid: build_conversation(rt, cid) for cid in ids}
-        return publish_builds(rt, builds), {cid: build_id_of(b, embedder.model_name) for cid, b in builds.items()}
+        ids_of = {cid: build_id_of(b, embedder.model_name) for cid, b in builds.items()}
+        if ready:
+            builds = {cid: ready_to_publish(rt, b) for cid, b in builds.items()}
+        return publish_builds(rt, builds), ids_of
     finally:
         rt.con.close()
 
@@ -124,7 +129,7 @@ def test_a_failed_vector_write_records_no_build_and_publishes_nothing(tmp_path: 
     store = tmp_path / "store"
     ingest_slice(store, tmp_path / "s1.json", {cid: 1 for cid in IDS})
 
-    def broken(self: VectorStore, table: str, rows: object) -> int:
+    def broken(self: VectorStore, table: str, rows: object, converted: object = None) -> int:
         raise StoreError(f"{self.uri}/{table}: disk full")
 
     with monkeypatch.context() as patch:
@@ -157,3 +162,61 @@ def test_build_records_replace_a_conversations_row_and_keep_their_types(tmp_path
         assert con.execute("SELECT count(*) FROM memory_builds").fetchone() == (3,)
     finally:
         con.close()
+
+
+def lance_rows(store: Path, cid: str) -> list[tuple[object, ...]]:
+    loaded = VectorStore(store / "lance", dim=HashEmbedder().dim).load_conversation("vectors", cid)
+    meta = loaded.meta.to_pylist()
+    return sorted((tuple(m.values()), loaded.vectors[n].tobytes()) for n, m in enumerate(meta))
+
+
+def test_builds_made_ready_as_they_arrive_publish_what_the_builds_themselves_publish(tmp_path: Path) -> None:
+    """The flow makes each build's id and vector table as it arrives; the store published from those is
+    the one published from the builds as they came (memory, vectors and their bits, build ids), first
+    build and grown alike."""
+    stores = {"as built": tmp_path / "a", "ready": tmp_path / "b"}
+    for store in stores.values():
+        ingest_slice(store, tmp_path / f"{store.name}-s1.json", {cid: 1 for cid in IDS})
+    first = {name: publish(store, "r1", HashEmbedder(), ready=name == "ready")[1] for name, store in stores.items()}
+    for store in stores.values():
+        ingest_slice(store, tmp_path / f"{store.name}-s2.json", {"conv-26": 1, "conv-30": 2})
+    grown = {name: publish(store, "r2", HashEmbedder(), ready=name == "ready")[1] for name, store in stores.items()}
+    assert first["as built"] == first["ready"] and grown["as built"] == grown["ready"] != first["ready"]
+    a, b = (current_snapshot(store) for store in stores.values())
+    assert a is not None and b is not None and a.conversations == b.conversations
+    for cid in IDS:
+        assert diff_images(memory_image(a, cid), memory_image(b, cid)) == []
+        assert lance_rows(stores["as built"], cid) == lance_rows(stores["ready"], cid)
+
+    rt = runtime(stores["ready"], "r3", HashEmbedder())
+    try:
+        built = build_conversation(rt, "conv-26")
+        ready = ready_to_publish(rt, built)
+    finally:
+        rt.con.close()
+    assert ready.vectors == [] and ready.vector_table is not None  # the table holds the rows, not both
+    assert ready.vector_table.column("text").to_pylist() == [r.text for r in built.vectors]
+    assert ready.build_id == build_id_of(built, HashEmbedder().model_name)
+
+
+def test_a_build_whose_rows_fail_the_checks_is_left_for_the_publish_to_refuse(tmp_path: Path) -> None:
+    """A row the store refuses (here a non-finite vector) gets no table on arrival; the publish then
+    converts the rows itself and raises the store's error naming the row, and publishes nothing."""
+    from dataclasses import replace
+
+    store = tmp_path / "store"
+    ingest_slice(store, tmp_path / "s1.json", {cid: 1 for cid in IDS})
+    rt = runtime(store, "r1", HashEmbedder())
+    try:
+        builds = {cid: build_conversation(rt, cid) for cid in IDS}
+        first = builds["conv-30"].vectors[0]
+        broken = replace(first, vector=np.full_like(first.vector, np.nan))
+        builds["conv-30"] = replace(builds["conv-30"], vectors=[broken, *builds["conv-30"].vectors[1:]])
+        ready = {cid: ready_to_publish(rt, b) for cid, b in builds.items()}
+        assert ready["conv-30"].vector_table is None and ready["conv-30"].vectors == builds["conv-30"].vectors
+        assert ready["conv-26"].vector_table is not None
+        with pytest.raises(StoreError, match=f"row {broken.row_id} .*non-finite vector"):
+            publish_builds(rt, ready)
+    finally:
+        rt.con.close()
+    assert current_snapshot(store) is None and memory_rows_written(store) == 0

@@ -3,9 +3,10 @@ the publisher's one-transaction write, the task-runner setting and object-store 
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import duckdb
 import numpy as np
@@ -273,6 +274,14 @@ def test_on_a_dask_worker_the_flows_runner_is_duplicated_idle(monkeypatch: pytes
     assert isinstance(_duplicate_here(), ThreadPoolTaskRunner) and reads == ["read"]  # the flow's process reads them
 
 
+def _build_modules_loaded() -> list[str]:
+    import sys
+
+    from tmem.tasks.dask_runner import WORKER_PRELOAD
+
+    return [name for name in WORKER_PRELOAD if name not in sys.modules]
+
+
 def test_a_local_clusters_workers_run_without_dasks_own_profiler() -> None:
     from distributed import Client, LocalCluster
 
@@ -281,6 +290,8 @@ def test_a_local_clusters_workers_run_without_dasks_own_profiler() -> None:
     runner: Any = task_runner_for(load_settings(task_runner="dask", dask_workers=1, dask_threads_per_worker=1))
     with LocalCluster(**runner.cluster_kwargs) as cluster, Client(cluster) as client:
         assert list(client.run(_profiling).values()) == [False]
+        # the build's modules are imported as the worker starts, before any task run arrives
+        assert list(client.run(_build_modules_loaded).values()) == [[]]
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         assert list(client.run(_profiling).values()) == [True]  # Dask's default, which the runner turns off
@@ -313,13 +324,14 @@ def test_task_runner_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -> No
     from prefect.task_runners import ThreadPoolTaskRunner
     from prefect_dask import DaskTaskRunner
 
+    from tmem.tasks.dask_runner import BuildDaskTaskRunner
     from tmem.tasks.scaleout import ConfiguredTaskRunner, task_runner_for
 
     threads = task_runner_for(load_settings())
     assert isinstance(threads, ThreadPoolTaskRunner) and threads._max_workers == 16
     assert task_runner_for(load_settings(build_concurrency=3))._max_workers == 3
     remote = task_runner_for(load_settings(task_runner="dask", dask_address="tcp://10.0.0.5:8786"))
-    assert isinstance(remote, DaskTaskRunner) and remote.address == "tcp://10.0.0.5:8786"
+    assert isinstance(remote, BuildDaskTaskRunner) and remote.address == "tcp://10.0.0.5:8786"
     local = task_runner_for(load_settings(task_runner="dask", dask_workers=3), api_url="http://127.0.0.1:4200/api")
     assert isinstance(local, DaskTaskRunner) and local.address is None
     assert local.cluster_kwargs["n_workers"] == 3 and local.cluster_kwargs["processes"] is True
@@ -532,3 +544,39 @@ def test_units_submitted_together_serialise_the_prefect_settings_once(monkeypatc
     assert built  # what a dump costs: the settings made again from their sources
     serialize_context()
     assert len(calls) == 3  # the flow's own context serialises as before once the units are sent
+
+
+class _RecordingCluster:
+    """A local in-process cluster that records the thread it was made in (or fails to start)."""
+
+    made_in: ClassVar[list[str]] = []
+    fail: ClassVar[BaseException | None] = None
+
+    def __new__(cls, **kwargs: Any) -> Any:
+        from distributed import LocalCluster
+
+        cls.made_in.append(threading.current_thread().name)
+        if cls.fail is not None:
+            raise cls.fail
+        return LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
+
+
+def test_the_build_runner_starts_its_cluster_ahead_in_a_thread_and_hands_over_its_client() -> None:
+    from tmem.tasks.dask_runner import BuildDaskTaskRunner
+
+    _RecordingCluster.made_in, _RecordingCluster.fail = [], None
+    with BuildDaskTaskRunner(cluster_class=_RecordingCluster) as runner:
+        runner.start_ahead()
+        runner.start_ahead()  # once on its way, a no-op
+        client = runner.client  # waits for the thread
+        assert _RecordingCluster.made_in == ["tmem-dask-start"]
+        assert runner.client is client and client.submit(sum, [1, 2], pure=False).result() == 3
+    assert client.status == "closed"  # the runner's exit closed what the thread made
+
+    _RecordingCluster.made_in, _RecordingCluster.fail = [], RuntimeError("no room for a cluster")
+    with BuildDaskTaskRunner(cluster_class=_RecordingCluster) as runner:
+        runner.start_ahead()
+        with pytest.raises(RuntimeError, match="no room for a cluster"):  # the start's own failure, to the user
+            runner.client  # noqa: B018
+    assert _RecordingCluster.made_in == ["tmem-dask-start"]  # not tried again behind the error
+    _RecordingCluster.fail = None

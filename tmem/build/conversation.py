@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -53,6 +53,9 @@ from tmem.ports import JournalBatch
 from tmem.store.conversations import load_turns
 from tmem.store.vector_rows import VectorRow
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 SCENES: Codec[list[Scene]] = Codec(TypeAdapter(list[Scene]))
 POOL: Codec[TopicPool] = Codec(TypeAdapter(TopicPool))
 ITEMS: Codec[ExtractedItems] = Codec(TypeAdapter(ExtractedItems))
@@ -71,11 +74,17 @@ class ConversationBuild:
     notes: tuple[BuildNote, ...] = ()  # what the stages clipped, reclassified, dropped, split, quarantined
     quarantined: tuple[QuarantinedUnit, ...] = ()  # the units left out of ``memory``
     seconds: float = 0.0
+    # Made by the publisher as the build arrives (tmem.build.publish.ready_to_publish), never sent anywhere:
+    # the build id, and the vector rows as the Arrow table the Lance write sends, which then replaces
+    # ``vectors`` (emptied). None: the publish makes them from ``vectors``.
+    build_id: str | None = None
+    vector_table: pa.Table | None = None
 
     def __reduce__(self) -> tuple[Callable[..., ConversationBuild], tuple[object, ...]]:
         """Pickled with its vectors as one matrix. A conversation has ~200 vector rows; pickled one by
         one, each row's vector is an array of its own — an out-of-band buffer, so a frame, of every Dask
-        message that returns a build from a worker — where the matrix is one buffer of the same bytes."""
+        message that returns a build from a worker — where the matrix is one buffer of the same bytes.
+        What the publisher made of it (``build_id``, ``vector_table``) stays in the publisher's process."""
         rows = tuple((v.conversation_id, v.owner_kind, v.owner_id, v.view, v.ordinal, v.text) for v in self.vectors)
         matrix = np.stack([v.vector for v in self.vectors]) if self.vectors else None
         return _unpickle_build, (self.memory, rows, matrix, self.watermark_turn_seq, self.journal, self.notes,

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from tmem.build.conversation import ConversationBuild
 from tmem.build.runtime import BuildRuntime
+from tmem.errors import StoreError
 from tmem.ids import content_hash
 from tmem.store.embed_cache import record_embedding_owners
 from tmem.store.lance_location import VECTOR_TABLE, lance_uri, pinned_lance_uri
@@ -29,12 +31,39 @@ def build_id_of(build: ConversationBuild, embedding_model: str) -> str:
     return content_hash(build.memory.model_dump(mode="json"), embedding_model, VIEWS_VERSION)[:16]
 
 
+def ready_to_publish(rt: BuildRuntime, build: ConversationBuild) -> ConversationBuild:
+    """``build`` with what the publish derives from it made now, as it arrives in the flow: its build id
+    and its vector rows as the Arrow table the Lance write sends. Made one conversation at a time while the
+    others are still building, that Python work (~190,000 rows and 1,000 memory digests in a nightly of
+    1,000 conversations) no longer stands between the last conversation and the snapshot.
+
+    The table replaces the rows (``vectors`` emptied): both kept, a nightly's publisher held every vector
+    twice until the end. Rows that fail the store's checks stay as they are, without a table: the publish
+    converts them again and raises that error, naming the row, and publishes nothing, as without this step."""
+    from tmem.store.lance import vector_rows_table  # the publisher's process only: workers never import LanceDB
+
+    build_id = build_id_of(build, rt.embedder.model_name)
+    try:
+        table = vector_rows_table(VECTOR_TABLE, build.vectors, rt.embedder.dim)
+    except StoreError:  # not lost: the publish meets the same rows and raises it (above)
+        return replace(build, build_id=build_id)
+    return replace(build, vectors=[], build_id=build_id, vector_table=table)
+
+
+def _texts(build: ConversationBuild) -> list[str]:
+    """The build's embedded texts, in row order."""
+    if build.vector_table is not None:
+        return [str(t) for t in build.vector_table.column("text").to_pylist()]
+    return [r.text for r in build.vectors]
+
+
 def publish_builds(rt: BuildRuntime, builds: Mapping[str, ConversationBuild]) -> str:
     """Vectors first (new Lance versions are invisible until a manifest pins them), then the
     memory rows in one transaction, then each build's record (clearing any quarantine of the
     conversation), then the snapshot and its pointer. Returns the snapshot id."""
     order = sorted(builds)
-    ids = {cid: build_id_of(builds[cid], rt.embedder.model_name) for cid in order}
+    model = rt.embedder.model_name
+    ids = {cid: builds[cid].build_id or build_id_of(builds[cid], model) for cid in order}
     current = current_snapshot(rt.store)
     published = current.conversations if current is not None else {}
     recorded = recorded_builds(rt.con)
@@ -44,7 +73,8 @@ def publish_builds(rt: BuildRuntime, builds: Mapping[str, ConversationBuild]) ->
     def write_vectors() -> int:
         # One Lance version for the whole publish; readers only see it once the manifest pins it. Nothing
         # changed: the table's latest version, which holds every published row.
-        return (vectors.replace_conversations(VECTOR_TABLE, {cid: builds[cid].vectors for cid in changed})
+        converted = {cid: table for cid in changed if (table := builds[cid].vector_table) is not None}
+        return (vectors.replace_conversations(VECTOR_TABLE, {cid: builds[cid].vectors for cid in changed}, converted)
                 if changed or not vectors.has_table(VECTOR_TABLE) else vectors.version(VECTOR_TABLE))
 
     # The Lance write (Rust, off the GIL) beside the working database's rows (DuckDB, its own threads):
@@ -56,7 +86,7 @@ def publish_builds(rt: BuildRuntime, builds: Mapping[str, ConversationBuild]) ->
         written = lance.submit(write_vectors)
         replace_memories(rt.con, [builds[cid].memory for cid in changed])
         record_embedding_owners(rt.con, rt.embedder.model_name,
-                                {cid: [r.text for r in builds[cid].vectors] for cid in changed})
+                                {cid: _texts(builds[cid]) for cid in changed})
         version = written.result()
     now = datetime.now(UTC)
     record_memory_builds(rt.con, [(cid, ids[cid], builds[cid].watermark_turn_seq) for cid in order], rt.run_id, now)

@@ -59,8 +59,40 @@ class EncoderSpec:
     batch_tokens: int = 2048  # padded word pieces per model batch (SentenceTransformerEmbedder)
 
 
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 << 20  # glibc's ceiling for it on 64-bit
+TRIM_THRESHOLD = 1 << 30
+
+
+def tune_malloc() -> bool:
+    """Set this process's glibc malloc for the encoder's allocation pattern; whether it was applied
+    (False off glibc, e.g. macOS or musl: malloc as it is).
+
+    A forward pass allocates and frees the same tensors batch after batch, most of them above glibc's
+    initial mmap threshold (128 KB). Left to glibc's defaults, a freed block is handed back to the
+    kernel and the next batch faults fresh zeroed pages in; with ``MALLOC_TRIM_THRESHOLD_=65536`` in
+    the environment — which a local Dask cluster's nanny writes into the flow process's environment,
+    so every encoder child started after the cluster inherits it — the heap is trimmed after every
+    batch: 1,500 texts took 43.8 s on one core against 35.8 s (3.6 x the page faults, sys time 3.2 ->
+    11.6 s), and a 200-conversation nightly's encoders 213 against 167 core-s. Blocks up to 32 MB stay in
+    the heap and the heap keeps up to 1 GB free (~33 s for the same 1,500 texts, whatever the environment
+    says): what the child frees, it reuses."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
+
+
 def _serve(conn: Connection, spec: EncoderSpec) -> None:
-    """The child: load the model, say its width and input limit, then embed until the socket closes."""
+    """The child: tune malloc, load the model, say its width and input limit (and whether malloc was
+    tuned), then embed until the socket closes."""
+    tuned = tune_malloc()
     from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
 
     try:
@@ -68,7 +100,7 @@ def _serve(conn: Connection, spec: EncoderSpec) -> None:
             spec.model, batch_size=spec.batch_size, device=spec.device, threads=spec.threads,
             batch_tokens=spec.batch_tokens,
         )
-        conn.send(("ready", {"dim": embedder.dim, "max_input_tokens": embedder.max_input_tokens}))
+        conn.send(("ready", {"dim": embedder.dim, "max_input_tokens": embedder.max_input_tokens, "malloc_tuned": tuned}))
     except BaseException as exc:  # noqa: BLE001 -- not swallowed: sent to the parent, which raises it
         conn.send(("error", exc.reason if isinstance(exc, EmbeddingError) else f"{type(exc).__name__}: {exc}"))
         return
@@ -110,6 +142,11 @@ class EncoderProcess:
     def max_input_tokens(self) -> int | None:
         value = self._started()["max_input_tokens"]
         return int(value) if value else None
+
+    @property
+    def malloc_tuned(self) -> bool:
+        """Whether the child set its malloc for the encoder (:func:`tune_malloc`: glibc only)."""
+        return bool(self._started().get("malloc_tuned"))
 
     @property
     def pid(self) -> int | None:

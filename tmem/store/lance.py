@@ -72,6 +72,44 @@ def vector_schema(dim: int) -> pa.Schema:
     )
 
 
+def vector_rows_table(table: str, rows: Sequence[VectorRow], dim: int) -> pa.Table:
+    """``rows`` as an Arrow table of the vector schema, each row checked (a known owner kind, a view and an
+    owner id, ``dim`` finite floats) and their row ids unique; :class:`StoreError` naming ``table`` and the
+    row otherwise. What a write sends to Lance; the publisher also makes it for each conversation as its
+    build arrives (:func:`tmem.build.publish.ready_to_publish`)."""
+    n = len(rows)
+    matrix = np.empty((n, dim), dtype=np.float32)
+    row_ids: list[str] = []
+    for i, row in enumerate(rows):
+        if row.owner_kind not in OWNER_KINDS:
+            raise StoreError(f"{table}: row {row.owner_id!r} has owner_kind {row.owner_kind!r}, not one of {sorted(OWNER_KINDS)}")
+        if not row.view or not row.owner_id:
+            raise StoreError(f"{table}: row of {row.owner_kind} {row.owner_id!r} needs a view and an owner id")
+        vector = np.asarray(row.vector, dtype=np.float32)
+        if vector.shape != (dim,):
+            raise StoreError(f"{table}: row {row.row_id} has vector shape {vector.shape}, expected ({dim},)")
+        if not np.isfinite(vector).all():
+            # Missing views are absent rows; NaN sentinels belong to scoring, not storage.
+            raise StoreError(f"{table}: row {row.row_id} ({row.owner_id}/{row.view}) has a non-finite vector")
+        matrix[i] = vector
+        row_ids.append(row.row_id)
+    if len(set(row_ids)) != n:
+        dupes = sorted(r for r, count in Counter(row_ids).items() if count > 1)
+        raise StoreError(f"{table}: duplicate row ids in one write: {dupes[:5]}")
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1), type=pa.float32()), dim)
+    columns = {
+        "row_id": pa.array(row_ids, type=pa.string()),
+        "conversation_id": pa.array([r.conversation_id for r in rows], type=pa.string()),
+        "owner_kind": pa.array([r.owner_kind for r in rows], type=pa.string()),
+        "owner_id": pa.array([r.owner_id for r in rows], type=pa.string()),
+        "view": pa.array([r.view for r in rows], type=pa.string()),
+        "ordinal": pa.array([r.ordinal for r in rows], type=pa.int32()),
+        "text": pa.array([r.text for r in rows], type=pa.string()),
+        "vector": vectors,
+    }
+    return pa.Table.from_arrays(list(columns.values()), schema=vector_schema(dim))
+
+
 def scope_filter(conversation_id: str) -> Expr:
     """The typed, injection-safe filter ``conversation_id = <literal>``."""
     return col("conversation_id") == lit(_checked_scope(conversation_id))
@@ -209,7 +247,8 @@ class VectorStore:
         """Make ``rows`` the only rows of ``conversation_id`` in ``table``; return the new version."""
         return self.replace_conversations(table, {conversation_id: rows})
 
-    def replace_conversations(self, table: str, rows_by_conversation: Mapping[str, Sequence[VectorRow]]) -> int:
+    def replace_conversations(self, table: str, rows_by_conversation: Mapping[str, Sequence[VectorRow]],
+                              converted: Mapping[str, pa.Table] | None = None) -> int:
         """Replace the rows of several conversations in one write; return the new version.
 
         One merge-insert (match on row_id, insert new, delete the named conversations' rows
@@ -223,13 +262,22 @@ class VectorStore:
         publish resumed after its vectors were written expects. Creates the table on
         first use, and the scope index once the table is large (that index build adds a later
         version holding the same rows; the version returned is this write's own).
+
+        ``converted``: conversations whose rows were already made into their Arrow table by
+        :func:`vector_rows_table` (the publisher makes it as each build arrives, outside the publish);
+        their rows are not converted again, only checked to be of this table's schema and conversation.
         """
         ids = [_checked_scope(c) for c in rows_by_conversation]
+        converted = converted or {}
         if not ids:
             return int(self._table(table, create=True).version)
         scope = scope_filter(ids[0]) if len(ids) == 1 else col("conversation_id").isin(ids)
         rows: list[VectorRow] = []
+        made: list[pa.Table] = []
         for conversation_id, conversation_rows in rows_by_conversation.items():
+            if (ready := converted.get(conversation_id)) is not None:
+                made.append(self._checked_converted(table, conversation_id, ready))
+                continue
             for row in conversation_rows:
                 if row.conversation_id != conversation_id:
                     raise ScopeError(
@@ -247,6 +295,11 @@ class VectorStore:
             reading = (reader.submit(lambda: existing.search().where(scope).select(columns).limit(None).to_arrow())
                        if existing is not None else None)
             data = self._to_arrow(table, rows)
+            if made:
+                data = pa.concat_tables([*made, data]) if rows else pa.concat_tables(made)
+                if pc.count_distinct(data.column("row_id")).as_py() != data.num_rows:
+                    dupes = sorted(r for r, count in Counter(data.column("row_id").to_pylist()).items() if count > 1)
+                    raise StoreError(f"{table}: duplicate row ids in one write: {dupes[:5]}")
         handle = existing if existing is not None else self._table(table, create=True)
         try:
             stored = reading.result() if reading is not None else self._schema.empty_table().select(columns)
@@ -259,6 +312,14 @@ class VectorStore:
             raise StoreError(f"{self.uri}/{table}: replacing conversations {ids[:3]} failed ({exc})") from exc
         self.ensure_scope_index(table)
         return int(result.version or handle.version)
+
+    def _checked_converted(self, table: str, conversation_id: str, data: pa.Table) -> pa.Table:
+        if not data.schema.equals(self._schema):
+            raise StoreError(f"{table}: rows of {conversation_id!r} were converted for another schema: {data.schema}")
+        if data.num_rows and not pc.all(pc.equal(data.column("conversation_id"), conversation_id)).as_py():
+            raise ScopeError(f"replacing conversation {conversation_id!r} in {table!r}: its converted rows hold "
+                             "another conversation's")
+        return data
 
     def upsert(self, table: str, rows: Sequence[VectorRow]) -> int:
         """Insert ``rows``, replacing rows with the same row_id; return the new version."""
@@ -274,37 +335,7 @@ class VectorStore:
         return int(result.version or handle.version)
 
     def _to_arrow(self, table: str, rows: Sequence[VectorRow]) -> pa.Table:
-        n = len(rows)
-        matrix = np.empty((n, self.dim), dtype=np.float32)
-        row_ids: list[str] = []
-        for i, row in enumerate(rows):
-            if row.owner_kind not in OWNER_KINDS:
-                raise StoreError(f"{table}: row {row.owner_id!r} has owner_kind {row.owner_kind!r}, not one of {sorted(OWNER_KINDS)}")
-            if not row.view or not row.owner_id:
-                raise StoreError(f"{table}: row of {row.owner_kind} {row.owner_id!r} needs a view and an owner id")
-            vector = np.asarray(row.vector, dtype=np.float32)
-            if vector.shape != (self.dim,):
-                raise StoreError(f"{table}: row {row.row_id} has vector shape {vector.shape}, expected ({self.dim},)")
-            if not np.isfinite(vector).all():
-                # Missing views are absent rows; NaN sentinels belong to scoring, not storage.
-                raise StoreError(f"{table}: row {row.row_id} ({row.owner_id}/{row.view}) has a non-finite vector")
-            matrix[i] = vector
-            row_ids.append(row.row_id)
-        if len(set(row_ids)) != n:
-            dupes = sorted(r for r, count in Counter(row_ids).items() if count > 1)
-            raise StoreError(f"{table}: duplicate row ids in one write: {dupes[:5]}")
-        vectors = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1), type=pa.float32()), self.dim)
-        columns = {
-            "row_id": pa.array(row_ids, type=pa.string()),
-            "conversation_id": pa.array([r.conversation_id for r in rows], type=pa.string()),
-            "owner_kind": pa.array([r.owner_kind for r in rows], type=pa.string()),
-            "owner_id": pa.array([r.owner_id for r in rows], type=pa.string()),
-            "view": pa.array([r.view for r in rows], type=pa.string()),
-            "ordinal": pa.array([r.ordinal for r in rows], type=pa.int32()),
-            "text": pa.array([r.text for r in rows], type=pa.string()),
-            "vector": vectors,
-        }
-        return pa.Table.from_arrays(list(columns.values()), schema=self._schema)
+        return vector_rows_table(table, rows, self.dim)
 
     # ---- reads --------------------------------------------------------------------------
 
