@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, NoReturn, get_args
 
 import lancedb
 import numpy as np
@@ -94,8 +94,7 @@ def vector_rows_table(table: str, rows: Sequence[VectorRow], dim: int) -> pa.Tab
         matrix[i] = vector
         row_ids.append(row.row_id)
     if len(set(row_ids)) != n:
-        dupes = sorted(r for r, count in Counter(row_ids).items() if count > 1)
-        raise StoreError(f"{table}: duplicate row ids in one write: {dupes[:5]}")
+        _refuse_duplicates(table, row_ids)
     vectors = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1), type=pa.float32()), dim)
     columns = {
         "row_id": pa.array(row_ids, type=pa.string()),
@@ -108,6 +107,11 @@ def vector_rows_table(table: str, rows: Sequence[VectorRow], dim: int) -> pa.Tab
         "vector": vectors,
     }
     return pa.Table.from_arrays(list(columns.values()), schema=vector_schema(dim))
+
+
+def _refuse_duplicates(table: str, row_ids: Sequence[str]) -> NoReturn:
+    dupes = sorted(r for r, count in Counter(row_ids).items() if count > 1)
+    raise StoreError(f"{table}: duplicate row ids in one write: {dupes[:5]}")
 
 
 def scope_filter(conversation_id: str) -> Expr:
@@ -298,8 +302,7 @@ class VectorStore:
             if made:
                 data = pa.concat_tables([*made, data]) if rows else pa.concat_tables(made)
                 if pc.count_distinct(data.column("row_id")).as_py() != data.num_rows:
-                    dupes = sorted(r for r, count in Counter(data.column("row_id").to_pylist()).items() if count > 1)
-                    raise StoreError(f"{table}: duplicate row ids in one write: {dupes[:5]}")
+                    _refuse_duplicates(table, data.column("row_id").to_pylist())
         handle = existing if existing is not None else self._table(table, create=True)
         try:
             stored = reading.result() if reading is not None else self._schema.empty_table().select(columns)
