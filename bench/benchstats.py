@@ -141,12 +141,29 @@ def processes_running(fragment: str) -> list[int]:
     return found
 
 
-def machine_busy_seconds() -> float:
-    """Core-seconds the whole machine spent busy since boot (/proc/stat: all but idle and iowait)."""
-    with open("/proc/stat") as fh:
-        fields = [int(x) for x in fh.readline().split()[1:]]
-    busy = sum(fields[:8]) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal
+def _machine_cpu_fields(stat_line: str | None = None) -> list[int]:
+    """The aggregate ``cpu`` line of /proc/stat: user nice system idle iowait irq softirq steal ..."""
+    if stat_line is None:
+        with open("/proc/stat") as fh:
+            stat_line = fh.readline()
+    name, *values = stat_line.split()
+    if name != "cpu" or len(values) < 8:
+        raise ValueError(f"/proc/stat: expected the aggregate 'cpu' line with 8 or more fields, got {stat_line!r}")
+    return [int(x) for x in values]
+
+
+def machine_busy_seconds(stat_line: str | None = None) -> float:
+    """Core-seconds the whole machine spent busy since boot (/proc/stat: all but idle and iowait;
+    steal included: time a virtual core was runnable but the host ran someone else)."""
+    fields = _machine_cpu_fields(stat_line)
+    busy = sum(fields[:8]) - fields[3] - fields[4]
     return busy / os.sysconf("SC_CLK_TCK")
+
+
+def machine_steal_seconds(stat_line: str | None = None) -> float:
+    """Core-seconds the hypervisor took from this VM's cores since boot (/proc/stat's 8th field):
+    a phase with much steal ran on a slower machine than one without, whatever the code did."""
+    return _machine_cpu_fields(stat_line)[7] / os.sysconf("SC_CLK_TCK")
 
 
 class CpuAccount:
@@ -155,7 +172,8 @@ class CpuAccount:
     ``groups`` maps a name to a function returning the pids to read at that moment (read at both
     ends; a pid gone at the end counts only what it had when it was last read). ``children`` is
     this process's waited-for children (``RUSAGE_CHILDREN``: a phase run with ``subprocess.run``),
-    ``self`` this process, ``machine`` every core of the machine."""
+    ``self`` this process, ``machine`` every core of the machine, ``steal`` the part of ``machine``
+    the host gave to another tenant (a noisy neighbour: compare runs only with their steal in view)."""
 
     def __init__(self, groups: dict[str, Any], polled: dict[str, Any] | None = None, every_s: float = 0.5,
                  own: frozenset[str] = frozenset()) -> None:
@@ -186,7 +204,7 @@ class CpuAccount:
         import resource
 
         me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        now = {"machine": machine_busy_seconds(), "self": me.ru_utime + me.ru_stime,
+        now = {"machine": machine_busy_seconds(), "steal": machine_steal_seconds(), "self": me.ru_utime + me.ru_stime,
                "children": kids.ru_utime + kids.ru_stime}
         for name, pids in self.groups.items():
             now[name] = sum(_proc_cpu_seconds(pid) for pid in pids())

@@ -12,14 +12,33 @@ the cluster starts while the flow opens its store, and a local cluster's workers
 modules as they start (:data:`WORKER_PRELOAD`, Dask's worker ``preload``) rather than inside their
 first task run. Whoever asks for ``client`` next waits for that thread and gets its client, or the
 exception that stopped it (a cluster that could not start fails the flow as it did on first use).
+
+Its client (:class:`BuildDaskClient`) sends each Prefect task run to the workers with two changes,
+both about what a task run costs before its conversations start:
+
+- **One Prefect API client per worker thread** (:class:`ApiClientPerThread`). Prefect's task engine
+  on a worker makes two new API clients for every task run (one to hydrate the flow run's context,
+  one for the run itself), and each loads certifi's CA bundle into a new TLS context whatever the
+  API's scheme: 19 % of the workers' CPU in a profile of a 200-conversation Dask nightly (py-spy).
+  The task run now finds the thread's client in Prefect's own client context
+  (``SyncClientContext``) and uses it for both; the client is made under the task run's settings
+  and made again if they name another API (or another settings dump comes: a dump is compared as
+  sent, a build sends the settings model).
+- **No content hash of each submission** (``pure=False``): every task run is unique (its task run
+  id is in what is sent), so Dask's ``tokenize`` of the task, its parameters and the flow run's
+  context (~20 ms of the flow per unit) bought nothing; the key is the task's name and a UUID.
 """
 
 from __future__ import annotations
 
 import contextvars
 import threading
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
+from distributed import Client
+from prefect.context import SettingsContext, SyncClientContext
 from prefect_dask import DaskTaskRunner
 from prefect_dask.client import PrefectDaskClient
 
@@ -28,7 +47,81 @@ from prefect_dask.client import PrefectDaskClient
 WORKER_PRELOAD = (
     "tmem.flows.build_memory", "tmem.tasks.build", "tmem.build.runtime", "tmem.llm.journal", "tmem.llm.response_cache",
     "tmem.llm.embed_service", "tmem.store.exchange", "tmem.store.llm_cache", "tmem.providers.registry",
+    "tmem.tasks.dask_runner",
 )
+
+_thread = threading.local()  # a worker thread's API client: (what it was made for, its client context)
+
+
+def _made_for(settings_context: Mapping[str, Any] | None) -> object:
+    """What a task run's API client is made from, comparable without building Prefect's settings again:
+    the API and how it is reached, when the run was sent the settings model itself (a build sends it,
+    :func:`tmem.tasks.build.settings_serialized_once`); else the settings dump (or nothing) as it is."""
+    settings = settings_context.get("settings") if settings_context else None
+    api = getattr(settings, "api", None)
+    if api is None:
+        return settings_context
+    secret = [v.get_secret_value() if v is not None else None for v in (api.key, api.auth_string)]
+    return (api.url, *secret, api.tls_insecure_skip_verify, api.ssl_cert_file)
+
+
+def thread_api_client(serialized_context: Mapping[str, Any]) -> SyncClientContext:
+    """This thread's Prefect client context for a task run sent with ``serialized_context``: the one made
+    for an earlier task run when it was made from the same API settings (:func:`_made_for`), else a new
+    one, made under the run's settings and opened as Prefect opens a task run's (the server's version
+    checked once), the previous one closed."""
+    settings = serialized_context.get("settings_context")
+    target = _made_for(settings)
+    held: tuple[object, SyncClientContext] | None = getattr(_thread, "client", None)
+    if held is not None and held[0] == target:
+        return held[1]
+    with SettingsContext(**settings) if settings else nullcontext():
+        # get_client() hands back the client of a client context already current (the last task run's,
+        # if its context outlived it): none is current while the new one is made
+        current = SyncClientContext.__var__.set(None)  # type: ignore[arg-type]
+        try:
+            made = SyncClientContext()
+            made.__enter__()  # open for the thread's life: no task run exits it
+        finally:
+            SyncClientContext.__var__.reset(current)
+    if held is not None:
+        held[1].client.__exit__(None, None, None)
+    _thread.client = (target, made)
+    return made
+
+
+class ApiClientPerThread:
+    """A Prefect task run sent to a Dask worker (prefect-dask's wrapper around ``run_task_sync``), run with
+    the worker thread's API client as Prefect's current client context (:func:`thread_api_client`): the
+    task engine's ``SyncClientContext.get_or_create()`` and its context hydration then use it instead of
+    making two clients of their own."""
+
+    def __init__(self, run: Callable[..., Any]) -> None:
+        self.run = run
+        self.__name__ = getattr(run, "__name__", "task-run")  # Dask names the run's key after it
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        client = thread_api_client(kwargs.get("context") or {})
+        token = SyncClientContext.__var__.set(client)
+        try:
+            return self.run(*args, **kwargs)
+        finally:
+            SyncClientContext.__var__.reset(token)
+
+
+class _TaskRunSubmissions(Client):  # type: ignore[misc]
+    """Below :class:`PrefectDaskClient` in :class:`BuildDaskClient`'s MRO: what prefect-dask submits for a
+    task run (its wrapper, with the run's id and serialised context) goes to Dask wrapped in
+    :class:`ApiClientPerThread` and with ``pure=False``; anything else as it was given."""
+
+    def submit(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if "task_run_id" in kwargs and "context" in kwargs:
+            func, kwargs["pure"] = ApiClientPerThread(func), False
+        return super().submit(func, *args, **kwargs)
+
+
+class BuildDaskClient(PrefectDaskClient, _TaskRunSubmissions):  # type: ignore[misc]
+    """prefect-dask's client, its task runs submitted by :class:`_TaskRunSubmissions`."""
 
 
 class BuildDaskTaskRunner(DaskTaskRunner):  # type: ignore[misc]
@@ -63,7 +156,12 @@ class BuildDaskTaskRunner(DaskTaskRunner):  # type: ignore[misc]
         self._wait_for_start()
         if self._start_error is not None:
             raise self._start_error
-        return super().client  # type: ignore[no-any-return]
+        client = super().client
+        if type(client) is PrefectDaskClient:
+            # prefect-dask makes its client inside this property; the same object, given our submit
+            # (a subclass adding no state), rather than a copy of the property's sixty lines
+            client.__class__ = BuildDaskClient
+        return client  # type: ignore[no-any-return]
 
     def __exit__(self, *args: Any) -> None:
         self._wait_for_start()  # a client made after the exit stack closed would be left open

@@ -3,11 +3,14 @@ that start and end inside it (a build's encoder children)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
-from bench.benchstats import CpuAccount, processes_running
+import pytest
+
+from bench.benchstats import CpuAccount, machine_busy_seconds, machine_steal_seconds, processes_running
 
 BURN = "import time, sys\nend = time.process_time() + float(sys.argv[1])\nwhile time.process_time() < end: pass\ntime.sleep(float(sys.argv[2]))"
 
@@ -61,3 +64,22 @@ def test_an_own_group_leaves_out_the_cpu_of_children_its_processes_waited_for() 
     parent.wait()
     spent = account.stop()
     assert spent["with"] >= 0.45 and spent["own"] < spent["with"] - 0.35
+
+
+def test_steal_is_the_eighth_field_of_the_cpu_line_and_part_of_busy_time() -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    line = f"cpu  {100 * tick} 0 {50 * tick} {900 * tick} {7 * tick} 0 {3 * tick} {40 * tick} 0 0"
+    assert machine_steal_seconds(line) == 40.0
+    assert machine_busy_seconds(line) == 193.0  # user + system + softirq + steal; idle, iowait left out
+
+
+def test_a_line_that_is_not_the_aggregate_cpu_line_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="aggregate 'cpu' line"):
+        machine_steal_seconds("cpu0 1 2 3 4 5 6 7 8")
+
+
+def test_the_account_reports_the_machines_steal_over_the_phase() -> None:
+    account = CpuAccount({})
+    account.start()
+    spent = account.stop()
+    assert "steal" in spent and 0.0 <= spent["steal"] <= spent["machine"] + 0.1
