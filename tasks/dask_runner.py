@@ -16,14 +16,16 @@ exception that stopped it (a cluster that could not start fails the flow as it d
 Its client (:class:`BuildDaskClient`) sends each Prefect task run to the workers with two changes,
 both about what a task run costs before its conversations start:
 
-- **One Prefect API client per worker thread** (:class:`ApiClientPerThread`). Prefect's task engine
+- **One Prefect API client per worker process** (:class:`ApiClientPerProcess`). Prefect's task engine
   on a worker makes two new API clients for every task run (one to hydrate the flow run's context,
   one for the run itself), and each loads certifi's CA bundle into a new TLS context whatever the
   API's scheme: 19 % of the workers' CPU in a profile of a 200-conversation Dask nightly (py-spy).
-  The task run now finds the thread's client in Prefect's own client context
-  (``SyncClientContext``) and uses it for both; the client is made under the task run's settings
-  and made again if they name another API (or another settings dump comes: a dump is compared as
-  sent, a build sends the settings model).
+  The task run now finds the process's client in Prefect's own client context
+  (``SyncClientContext``) and uses it for both, as the task runs of Prefect's thread pool share their
+  flow's; the client is made under the task run's settings, and another is made for a run whose
+  settings name another API (or for another settings dump: a dump is compared as sent, a build sends
+  the settings model). One per thread was not enough: a worker runs as many threads as it has LLM
+  calls in flight (32 in the archive benchmark), each holding a client for about two task runs.
 - **No content hash of each submission** (``pure=False``): every task run is unique (its task run
   id is in what is sent), so Dask's ``tokenize`` of the task, its parameters and the flow run's
   context (~20 ms of the flow per unit) bought nothing; the key is the task's name and a UUID.
@@ -50,7 +52,8 @@ WORKER_PRELOAD = (
     "tmem.tasks.dask_runner",
 )
 
-_thread = threading.local()  # a worker thread's API client: (what it was made for, its client context)
+_clients: list[tuple[object, SyncClientContext]] = []  # this process's API clients: (what each was made for, it)
+_clients_lock = threading.Lock()
 
 
 def _made_for(settings_context: Mapping[str, Any] | None) -> object:
@@ -65,34 +68,34 @@ def _made_for(settings_context: Mapping[str, Any] | None) -> object:
     return (api.url, *secret, api.tls_insecure_skip_verify, api.ssl_cert_file)
 
 
-def thread_api_client(serialized_context: Mapping[str, Any]) -> SyncClientContext:
-    """This thread's Prefect client context for a task run sent with ``serialized_context``: the one made
-    for an earlier task run when it was made from the same API settings (:func:`_made_for`), else a new
-    one, made under the run's settings and opened as Prefect opens a task run's (the server's version
-    checked once), the previous one closed."""
+def process_api_client(serialized_context: Mapping[str, Any]) -> SyncClientContext:
+    """This process's Prefect client context for a task run sent with ``serialized_context``: the one made
+    for an earlier task run, on any thread, from the same API settings (:func:`_made_for`) and still open;
+    else a new one, made under the run's settings and opened as Prefect opens a task run's (the server's
+    version checked once). A client for another API is kept beside it, open: another thread may be using
+    it (a worker serves one build's API, rarely more; they close as the worker exits)."""
     settings = serialized_context.get("settings_context")
     target = _made_for(settings)
-    held: tuple[object, SyncClientContext] | None = getattr(_thread, "client", None)
-    if held is not None and held[0] == target:
-        return held[1]
-    with SettingsContext(**settings) if settings else nullcontext():
-        # get_client() hands back the client of a client context already current (the last task run's,
-        # if its context outlived it): none is current while the new one is made
-        current = SyncClientContext.__var__.set(None)  # type: ignore[arg-type]
-        try:
-            made = SyncClientContext()
-            made.__enter__()  # open for the thread's life: no task run exits it
-        finally:
-            SyncClientContext.__var__.reset(current)
-    if held is not None:
-        held[1].client.__exit__(None, None, None)
-    _thread.client = (target, made)
-    return made
+    with _clients_lock:  # one client made per API, not one per thread that asks at once
+        for made_for, held in _clients:
+            if made_for == target and not held.client._closed:
+                return held
+        with SettingsContext(**settings) if settings else nullcontext():
+            # get_client() hands back the client of a client context already current (the last task run's,
+            # if its context outlived it): none is current while the new one is made
+            current = SyncClientContext.__var__.set(None)  # type: ignore[arg-type]
+            try:
+                made = SyncClientContext()
+                made.__enter__()  # open for the process's life: no task run exits it
+            finally:
+                SyncClientContext.__var__.reset(current)
+        _clients[:] = [(f, c) for f, c in _clients if f != target] + [(target, made)]
+        return made
 
 
-class ApiClientPerThread:
+class ApiClientPerProcess:
     """A Prefect task run sent to a Dask worker (prefect-dask's wrapper around ``run_task_sync``), run with
-    the worker thread's API client as Prefect's current client context (:func:`thread_api_client`): the
+    the worker process's API client as Prefect's current client context (:func:`process_api_client`): the
     task engine's ``SyncClientContext.get_or_create()`` and its context hydration then use it instead of
     making two clients of their own."""
 
@@ -101,7 +104,7 @@ class ApiClientPerThread:
         self.__name__ = getattr(run, "__name__", "task-run")  # Dask names the run's key after it
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        client = thread_api_client(kwargs.get("context") or {})
+        client = process_api_client(kwargs.get("context") or {})
         token = SyncClientContext.__var__.set(client)
         try:
             return self.run(*args, **kwargs)
@@ -112,11 +115,11 @@ class ApiClientPerThread:
 class _TaskRunSubmissions(Client):  # type: ignore[misc]
     """Below :class:`PrefectDaskClient` in :class:`BuildDaskClient`'s MRO: what prefect-dask submits for a
     task run (its wrapper, with the run's id and serialised context) goes to Dask wrapped in
-    :class:`ApiClientPerThread` and with ``pure=False``; anything else as it was given."""
+    :class:`ApiClientPerProcess` and with ``pure=False``; anything else as it was given."""
 
     def submit(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if "task_run_id" in kwargs and "context" in kwargs:
-            func, kwargs["pure"] = ApiClientPerThread(func), False
+            func, kwargs["pure"] = ApiClientPerProcess(func), False
         return super().submit(func, *args, **kwargs)
 
 

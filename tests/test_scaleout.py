@@ -582,19 +582,24 @@ def test_the_build_runner_starts_its_cluster_ahead_in_a_thread_and_hands_over_it
     _RecordingCluster.fail = None
 
 
-class _OneThreadCluster:
-    """A local in-process cluster of one worker thread."""
+class _TwoThreadCluster:
+    """A local in-process cluster of one worker with two threads."""
 
     def __new__(cls, **kwargs: Any) -> Any:
         from distributed import LocalCluster
 
-        return LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
+        return LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None)
 
 
-def _client_of_this_task_run() -> tuple[int, int]:
+_BOTH_THREADS = threading.Barrier(2)  # the first two task runs wait for each other: one on each worker thread
+
+
+def _client_of_this_task_run(n: int) -> tuple[int, int]:
     from prefect.client.orchestration import get_client
     from prefect.context import FlowRunContext, TaskRunContext
 
+    if n < 2:
+        _BOTH_THREADS.wait(timeout=60)
     flow_ctx, task_ctx = FlowRunContext.get(), TaskRunContext.get()
     assert flow_ctx is not None and task_ctx is not None
     assert flow_ctx.client is get_client(sync_client=True)  # the hydrated flow run context uses it too
@@ -602,10 +607,10 @@ def _client_of_this_task_run() -> tuple[int, int]:
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_dask_task_runs_on_one_worker_thread_share_its_api_client_and_are_not_hashed() -> None:
+def test_dask_task_runs_on_a_worker_share_its_api_client_across_threads_and_are_not_hashed() -> None:
     """prefect-dask's task engine made two API clients (each a new TLS context) per task run on a worker;
-    under the build's runner the task runs of one worker thread use one client, as Prefect's own client
-    context, and Dask gets each run without hashing its arguments (a UUID key)."""
+    under the build's runner the task runs of a worker use one client, on every worker thread, as
+    Prefect's own client context, and Dask gets each run without hashing its arguments (a UUID key)."""
     import uuid
 
     from prefect import flow, task
@@ -614,30 +619,31 @@ def test_dask_task_runs_on_one_worker_thread_share_its_api_client_and_are_not_ha
 
     which = task(_client_of_this_task_run, name="which-client")
     keys: list[str] = []
+    _BOTH_THREADS.reset()
 
-    @flow(task_runner=BuildDaskTaskRunner(cluster_class=_OneThreadCluster))
-    def three_runs() -> list[tuple[int, int]]:
+    @flow(task_runner=BuildDaskTaskRunner(cluster_class=_TwoThreadCluster))
+    def four_runs() -> list[tuple[int, int]]:
         from prefect.context import FlowRunContext
 
         ctx = FlowRunContext.get()
         assert ctx is not None and isinstance(ctx.task_runner.client, BuildDaskClient)
-        futures = [which.submit() for _ in range(3)]
+        futures = [which.submit(n) for n in range(4)]
         keys.extend(f.wrapped_future.key for f in futures)
         return [f.result() for f in futures]
 
-    used = three_runs()
-    assert len({thread for _, thread in used}) == 1  # one worker thread ran all three
-    assert len({client for client, _ in used}) == 1  # old code: a new client (and TLS context) per run
+    used = four_runs()
+    assert len({thread for _, thread in used}) == 2  # both worker threads ran task runs
+    assert len({client for client, _ in used}) == 1  # old code: a new client per run; then one per thread
     for key in keys:
         assert key.startswith("_client_of_this_task_run-") and uuid.UUID(key[-36:])  # not a content hash
 
 
-def test_a_worker_threads_api_client_is_kept_for_one_api_and_replaced_for_another() -> None:
+def test_a_worker_process_api_client_is_kept_for_one_api_on_every_thread_and_another_made_for_another() -> None:
     from prefect.context import SettingsContext, serialize_context
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED, temporary_settings
 
     from tmem.tasks.build import settings_serialized_once
-    from tmem.tasks.dask_runner import thread_api_client
+    from tmem.tasks.dask_runner import process_api_client
 
     def sent_to(url: str, model: bool = False) -> dict[str, Any]:
         with temporary_settings({PREFECT_API_URL: url, PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED: False}):
@@ -648,7 +654,7 @@ def test_a_worker_threads_api_client_is_kept_for_one_api_and_replaced_for_anothe
 
     def in_thread(contexts: list[dict[str, Any]]) -> list[Any]:
         made: list[Any] = []
-        worker = threading.Thread(target=lambda: made.extend(thread_api_client(c) for c in contexts))
+        worker = threading.Thread(target=lambda: made.extend(process_api_client(c) for c in contexts))
         worker.start()
         worker.join()
         return made
@@ -657,13 +663,15 @@ def test_a_worker_threads_api_client_is_kept_for_one_api_and_replaced_for_anothe
     first, again, other = in_thread([one, one, two])
     assert again is first and other is not first
     assert str(first.client.api_url).startswith("http://127.0.0.1:4201") and str(other.client.api_url).startswith("http://127.0.0.1:4202")
-    assert first.client._closed and not other.client._closed  # the replaced one closed, the new one open
-    elsewhere = in_thread([one])[0]
-    assert elsewhere is not first  # another thread has a client of its own
+    assert not first.client._closed and not other.client._closed  # another thread may still be using the first
+    assert in_thread([one, two]) == [first, other]  # another thread: the same clients
+    first.client.__exit__(None, None, None)
+    remade = in_thread([one])[0]
+    assert remade is not first and not remade.client._closed  # a closed client is not handed out again
     assert SettingsContext.get() is not None
     # sent the settings model (a build's task runs): compared by the API it names, not rebuilt per run
     a, b, c = sent_to("http://127.0.0.1:4203/api", True), sent_to("http://127.0.0.1:4203/api", True), sent_to("http://127.0.0.1:4204/api", True)
     assert not isinstance(a["settings_context"]["settings"], dict)
     first, again, other = in_thread([a, b, c])
-    assert again is first and other is not first and first.client._closed
+    assert again is first and other is not first and in_thread([b])[0] is first
     assert str(other.client.api_url).startswith("http://127.0.0.1:4204")
