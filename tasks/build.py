@@ -6,8 +6,8 @@ exchange file) and runs the conversation's stages in process (:mod:`tmem.build.c
 reporting each stage and retry to the task run's log. Its inputs are the spec, the run id, the
 conversation id and the exchange path: plain values that travel to any worker.
 
-``build_conversations_task`` does the same for a batch of conversations, one after another
-(``conversations/<first id>+<more>``; :mod:`tmem.build.batch`): a build of many more
+``build_conversations_task`` does the same for a batch of conversations in turn, each starting once
+the one before waits only for its vectors (``conversations/<first id>+<more>``; :mod:`tmem.build.batch`): a build of many more
 conversations than it builds at once, where a task run's own cost would outweigh a conversation's.
 Each line of its log names its conversation; each conversation's outcome comes back on its own.
 :func:`submit_conversations` sends the units, :func:`unit_outcomes` reads one back.
@@ -16,7 +16,7 @@ Each line of its log names its conversation; each conversation's outcome comes b
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -90,8 +90,9 @@ def build_conversations_task(spec: BuildSpec, run_id: str, conversation_ids: lis
     rt = runtime_for(spec, run_id, exchange)
     logger = get_run_logger()
 
-    def one(cid: str) -> ConversationBuild:
-        return build_conversation(rt, cid, LogObserver(_ConversationLog(logger, {"conversation_id": cid})))  # type: ignore[arg-type]
+    def one(cid: str, handed_over: Callable[[], None]) -> ConversationBuild:
+        return build_conversation(rt, cid, LogObserver(_ConversationLog(logger, {"conversation_id": cid})),  # type: ignore[arg-type]
+                                  handed_over=handed_over)
 
     outcomes = build_in_turn(conversation_ids, one)
     built = [cid for cid, outcome in outcomes.items() if isinstance(outcome, ConversationBuild)]

@@ -4,6 +4,8 @@ conversation's outcome on its own — a neighbour's failure, retry or interrupt 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -66,7 +68,7 @@ def test_each_conversation_has_its_own_outcome_and_retry() -> None:
     waits: list[float] = []
     llm = LLMError("segment", "b", "invalid output after repairs")
 
-    def build(cid: str) -> str:
+    def build(cid: str, handed_over: Callable[[], None]) -> str:
         attempts[cid] = attempts.get(cid, 0) + 1
         if cid == "b":
             raise llm  # after the stage's own retries: not asked again
@@ -88,9 +90,56 @@ def test_each_conversation_has_its_own_outcome_and_retry() -> None:
 def test_an_interrupt_ends_the_whole_unit() -> None:
     built: list[str] = []
 
-    def build(cid: str) -> str:
+    def build(cid: str, handed_over: Callable[[], None]) -> str:
         if cid == "b":
             raise KeyboardInterrupt
+        built.append(cid)
+        return cid
+
+    with pytest.raises(KeyboardInterrupt):
+        build_in_turn(["a", "b", "c"], build, sleep=lambda _: None)
+    assert built == ["a"]
+
+
+def test_the_next_conversation_starts_once_one_hands_over_its_embedding_not_when_it_ends() -> None:
+    """``a`` waits for its "vectors" until ``b`` has started: built strictly one after another (the
+    old way) it would wait forever; ``b``, which never hands over, holds ``c`` back until it ends."""
+    started: list[str] = []
+    b_started = threading.Event()
+    b_may_end = threading.Event()
+    lock = threading.Lock()
+
+    def build(cid: str, handed_over: Callable[[], None]) -> str:
+        with lock:
+            started.append(cid)
+        if cid == "a":
+            handed_over()  # its LLM work is done; now it waits for its embedding
+            assert b_started.wait(timeout=10), "b did not start while a waited for its vectors"
+            b_may_end.set()
+        if cid == "b":
+            b_started.set()
+            assert b_may_end.wait(timeout=10)
+            assert started == ["a", "b"], "c started before b, which never handed over, had ended"
+        return f"memory of {cid}"
+
+    outcomes = build_in_turn(["a", "b", "c"], build, sleep=lambda _: None)
+    assert outcomes == {"a": "memory of a", "b": "memory of b", "c": "memory of c"}
+    assert list(outcomes) == ["a", "b", "c"] and started == ["a", "b", "c"]
+
+
+def test_an_interrupt_after_handing_over_waits_for_the_running_conversation_and_starts_no_other() -> None:
+    """``b`` is interrupted in its LLM work while ``a`` still waits for its vectors: ``a`` finishes, ``c``
+    never starts."""
+    built: list[str] = []
+    a_may_end = threading.Event()
+
+    def build(cid: str, handed_over: Callable[[], None]) -> str:
+        if cid == "b":
+            a_may_end.set()
+            raise KeyboardInterrupt
+        handed_over()
+        if cid == "a":
+            assert a_may_end.wait(timeout=10)
         built.append(cid)
         return cid
 

@@ -100,9 +100,11 @@ def _unpickle_build(memory: ConversationMemory, rows: Sequence[tuple[Any, ...]],
 
 
 def build_conversation(rt: BuildRuntime, conversation_id: str, observer: StageObserver | None = None, *,
-                       sleep: Callable[[float], None] = time.sleep) -> ConversationBuild:
+                       sleep: Callable[[float], None] = time.sleep,
+                       handed_over: Callable[[], None] | None = None) -> ConversationBuild:
     """Build the memory and vectors of one conversation from its stored turns (``sleep``: how a
-    retry waits)."""
+    retry waits; ``handed_over``: called once the memory is built and only its embedding is left,
+    so a batch starts its next conversation then, :func:`tmem.build.batch.build_in_turn`)."""
     started = time.perf_counter()
     with rt.reading() as cur:
         turns: tuple[Turn, ...] = load_turns(cur, conversation_id)
@@ -149,6 +151,8 @@ def build_conversation(rt: BuildRuntime, conversation_id: str, observer: StageOb
             personas=tuple(p for p in personas if p is not None),
             family_triggers=tuple(family_triggers),
         )
+        if handed_over is not None:
+            handed_over()
         vectors = stages.run(Unit("embed", cid, {}, lambda: StageOutcome(embed_memory_views(memory, by_id, rt.embedder)),
                                   None), lambda v: f"{len(v)} vectors")
         rt.flush_ledger()  # the conversation's usage rows committed before it is reported built
