@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import numpy.typing as npt
@@ -258,4 +258,90 @@ def test_a_caller_whose_texts_are_in_goes_on_before_the_rest_of_the_take_is_embe
         inner.release.set()
         assert late.result(timeout=10).shape == (2, 16)
     assert inner.calls == [["a", "b"], ["c", "d"]]
+    queue.close()
+
+
+class PipelinedDouble(CountingEmbedder):
+    """A typed double of :class:`tmem.ports.PipelinedEmbedder`: :meth:`submit` records the call and
+    returns a future the test completes (:meth:`complete`); ``wait_taken`` returns once the test sets
+    ``taken`` (the encoder's children have taken every share of what was submitted)."""
+
+    def __init__(self) -> None:
+        super().__init__(HashEmbedder())
+        self.pending: list[tuple[list[str], Future[npt.NDArray[np.float32]]]] = []
+        self.submitted = threading.Semaphore(0)
+        self.taken = threading.Event()
+
+    def submit(self, texts: list[str]) -> Future[npt.NDArray[np.float32]]:
+        done: Future[npt.NDArray[np.float32]] = Future()
+        self.calls.append(list(texts))
+        self.pending.append((list(texts), done))
+        self.submitted.release()
+        return done
+
+    def wait_taken(self, timeout: float | None = None) -> bool:
+        return self.taken.wait(10 if timeout is None else timeout)
+
+    def complete(self, n: int, error: BaseException | None = None) -> None:
+        texts, done = self.pending[n]
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(self.inner.embed(texts))
+
+
+
+def _second_while_first_runs(queue: CoalescingEmbedder, inner: PipelinedDouble, pool: ThreadPoolExecutor
+                             ) -> tuple[Future[npt.NDArray[np.float32]], Future[npt.NDArray[np.float32]]]:
+    """Ask for ["a", "b"], then, while that call runs, for ["b", "c"]: the two asks' futures, once the
+    second call is handed over (the encoder's children took every share of the first meanwhile)."""
+    first = pool.submit(queue.embed, ["a", "b"])
+    assert inner.submitted.acquire(timeout=10)
+    second = pool.submit(queue.embed, ["b", "c"])
+    time.sleep(0.1)  # queued while the encoder's children are on the first call
+    inner.taken.set()
+    assert inner.submitted.acquire(timeout=10)
+    return first, second
+
+
+def test_with_a_pipelined_encoder_the_next_call_is_handed_over_while_the_first_runs() -> None:
+    """The worker hands the encoder its next call while the current one runs (one at a time, the
+    encoder idled while the worker answered the callers, stored the vectors and looked up the next
+    texts); a text the running call embeds is not sent again, and its caller gets its row from it."""
+    inner = PipelinedDouble()
+    queue = CoalescingEmbedder(inner, linger_s=0.0)
+    with ThreadPoolExecutor(3) as pool:
+        first, second = _second_while_first_runs(queue, inner, pool)  # handed over before the first's rows are in
+        assert inner.calls == [["a", "b"], ["c"]] and not first.done()
+        inner.complete(1)  # the second call ends first: its caller still waits for "b"
+        time.sleep(0.1)
+        assert not second.done()
+        inner.complete(0)
+        reference = HashEmbedder()
+        assert np.array_equal(first.result(timeout=10), reference.embed(["a", "b"]))
+        assert np.array_equal(second.result(timeout=10), reference.embed(["b", "c"]))
+    assert queue.usage.texts == 3 and queue.usage.calls == 2 and queue.usage.requested == 4
+    assert np.array_equal(queue.embed(["c", "a"]), HashEmbedder().embed(["c", "a"]))  # from the memo
+    assert len(inner.calls) == 2
+    queue.close()
+
+
+def test_with_a_pipelined_encoder_a_failed_call_fails_the_callers_waiting_for_its_texts() -> None:
+    inner = PipelinedDouble()
+    queue = CoalescingEmbedder(inner, linger_s=0.0)
+    with ThreadPoolExecutor(3) as pool:
+        first, needs_b = _second_while_first_runs(queue, inner, pool)
+        inner.complete(1)
+        inner.complete(0, RuntimeError("the encoder fell over"))
+        with pytest.raises(RuntimeError, match="fell over"):
+            first.result(timeout=10)
+        with pytest.raises(RuntimeError, match="fell over"):
+            needs_b.result(timeout=10)
+    assert np.array_equal(queue.embed(["c"]), HashEmbedder().embed(["c"]))  # its own text came in
+    later = threading.Thread(target=lambda: queue.embed(["b"]))
+    later.start()
+    assert inner.submitted.acquire(timeout=10) and inner.calls[-1] == ["b"]  # embedded again, not lost
+    inner.complete(2)
+    later.join(10)
+    assert not later.is_alive()
     queue.close()

@@ -7,12 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
+from tests.test_embed import HashEmbedder
 from tmem.build.runtime import _embedder, encoder_layout
 from tmem.errors import EmbeddingError
 from tmem.providers.encoder_process import EncoderPool, EncoderProcess, EncoderSpec, length_shares
@@ -240,3 +243,77 @@ def test_a_call_of_a_few_hundred_texts_is_shared_evenly_between_the_children() -
     total = sum(len(t) for t in texts)
     assert len(shares) >= 2 * len(pool.children)
     assert max(sum(len(texts[i]) for i in share) for share in shares) < total / 3
+
+
+class _HeldChild(EncoderProcess):
+    """A typed double of one encoder child (no process): rows from :class:`HashEmbedder`; a share
+    holding a text that starts with "slow" waits for ``release``; every share it embeds is recorded."""
+
+    def __init__(self, n: int, done: list[tuple[int, str]], release: threading.Event) -> None:
+        super().__init__(EncoderSpec("all-MiniLM-L6-v2"))
+        self.n, self.done, self.release = n, done, release
+
+    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        if any(t.startswith("slow") for t in texts):
+            assert self.release.wait(10)
+        if any(t.startswith("broken") for t in texts):
+            raise EmbeddingError("all-MiniLM-L6-v2", "in the encoder process: the share fell over")
+        self.done.append((self.n, texts[0][:4]))
+        return HashEmbedder(dim=4).embed(texts)
+
+    def stop(self) -> subprocess.Popen[bytes] | None:
+        return None
+
+
+def _held_pool(done: list[tuple[int, str]], release: threading.Event) -> EncoderPool:
+    pool = EncoderPool(EncoderSpec("all-MiniLM-L6-v2"), 2)
+    pool.children = [_HeldChild(n, done, release) for n in range(2)]
+    return pool
+
+
+def test_a_child_done_with_its_shares_starts_on_the_next_call_while_the_other_finishes() -> None:
+    """Calls overlap: the next call's shares queue behind the current call's, and a child that ends
+    its last share takes them at once (one call at a time, it idled until the slowest share was in)."""
+    done: list[tuple[int, str]] = []
+    release = threading.Event()
+    pool = _held_pool(done, release)
+    first = [f"slow and long text {n} " * 3 for n in range(8)] + [f"fast {n}" for n in range(8)]
+    second = [f"next {n}" for n in range(8)]
+    try:
+        held = pool.submit(first)  # two shares: the eight long "slow" texts, and the eight short ones
+        following = pool.submit(second)
+        assert np.array_equal(following.result(timeout=10), HashEmbedder(dim=4).embed(second))
+        assert not held.done()  # the second call was embedded while a share of the first was held
+        assert pool.wait_taken(timeout=1)  # and no share waits for a child
+        release.set()
+        assert np.array_equal(held.result(timeout=10), HashEmbedder(dim=4).embed(first))
+        assert [kind for _, kind in done] == ["fast", "next", "slow"]
+        assert {n for n, kind in done if kind != "slow"} != {n for n, kind in done if kind == "slow"}
+    finally:
+        release.set()
+        pool.close()
+
+
+def test_a_failed_share_fails_its_call_only_and_a_closed_pool_fails_what_still_waits() -> None:
+    done: list[tuple[int, str]] = []
+    release = threading.Event()
+    pool = _held_pool(done, release)
+    try:
+        broken = pool.submit([f"broken text {n}" for n in range(8)])
+        with pytest.raises(EmbeddingError, match="fell over"):
+            broken.result(timeout=10)
+        assert pool.embed(["fine"]).shape == (1, 4)  # the pool goes on
+        blocking = pool.submit([f"slow {n}" for n in range(16)])  # both children held
+        waiting = pool.submit(["queued behind them"])
+        assert not pool.wait_taken(timeout=0.2)
+        closer = threading.Thread(target=pool.close)
+        closer.start()
+        with pytest.raises(EmbeddingError, match="closed"):
+            waiting.result(timeout=10)
+        release.set()  # the held shares end; close waits for them
+        closer.join(10)
+        assert blocking.result(timeout=10).shape == (16, 4)
+        assert pool.embed(["after close"]).shape == (1, 4)  # a call after close starts anew
+    finally:
+        release.set()
+        pool.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -54,6 +55,19 @@ class Embedder(Protocol):
         ...
 
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]: ...
+
+
+@runtime_checkable
+class PipelinedEmbedder(Embedder, Protocol):
+    """An :class:`Embedder` that takes a call while earlier ones run (the build's encoder pool)."""
+
+    def submit(self, texts: list[str]) -> Future[npt.NDArray[np.float32]]:
+        """Queue a call of ``texts`` (at least one) behind the calls before it; its rows when done."""
+        ...
+
+    def wait_taken(self, timeout: float | None = None) -> bool:
+        """Wait until the embedder has started on every call queued so far (whether it had, within ``timeout``)."""
+        ...
 
 
 # ---- what an adapter reports ------------------------------------------------------------------

@@ -32,6 +32,14 @@ padding``). The cap counts new texts, not requested ones: a nightly conversation
 views (~200) of which ~26 are new, and a cap of 2,048 *requested* texts made calls of ~250 new texts,
 which cost the encoder ~20 % more CPU per text than calls of 1,000 or more (3,000 texts of a nightly:
 58 against 48-50 core-s on 2 cores).
+
+With an inner embedder that takes calls while earlier ones run (:class:`~tmem.ports.PipelinedEmbedder`:
+the build's pool of encoder children), the worker does not wait for a call's rows before taking the
+next: once every share of the running call is with a child, it takes what waits, looks it up and hands
+its new texts over, so a child that ends its last share starts on the next call at once instead of
+idling through the other child's last share, the answers, the cache's store and the next lookup. A
+text the running call embeds is not sent again: its new caller gets the row when that call ends (or
+its error). Otherwise (an embedder in this process) calls run one at a time, as before.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -49,7 +57,7 @@ import numpy.typing as npt
 from tmem.errors import EmbeddingError
 from tmem.llm.cached_embedder import embedding_key
 from tmem.llm.embedder_wrapper import EmbedderWrapper
-from tmem.ports import Embedder, EmbeddingCache
+from tmem.ports import Embedder, EmbeddingCache, PipelinedEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +89,22 @@ def _note_prefetch_failure(done: Future[npt.NDArray[np.float32]]) -> None:
                  done.exception())
 
 
+@dataclass
+class _Take:
+    """What the worker took from the queue in one go, from its lookup to its callers' answers."""
+
+    taken: list[tuple[list[str], Future[npt.NDArray[np.float32]]]]
+    keys: dict[str, str] = field(default_factory=dict)  # cache keys of the texts it embeds
+    rows: dict[str, npt.NDArray[np.float32]] = field(default_factory=dict)  # its texts' rows, as they come in
+    # its inner calls' texts, each with its rows to come (None: not handed over yet, the inner embedder
+    # is not pipelined and is called when the take is finished)
+    calls: list[tuple[list[str], Future[npt.NDArray[np.float32]] | None]] = field(default_factory=list)
+    coming: set[str] = field(default_factory=set)  # the texts of those calls
+    waits: set[str] = field(default_factory=set)  # its texts an earlier take's calls embed
+    failed: dict[str, BaseException] = field(default_factory=dict)  # ... whose call failed, with its error
+    error: BaseException | None = None  # its lookup or hand-over failed
+
+
 class CoalescingEmbedder(EmbedderWrapper):
     """An :class:`Embedder` funnelling every caller's texts through one worker thread (see the module)."""
 
@@ -98,6 +122,8 @@ class CoalescingEmbedder(EmbedderWrapper):
         self._ready = threading.Condition()
         self._worker: threading.Thread | None = None
         self._closed = False
+        self._pipelined = inner if isinstance(inner, PipelinedEmbedder) else None
+        self._busy_until = 0.0  # the end of the inner embedder's latest call (its busy time, usage.seconds)
 
     def embed_texts(self, texts: list[str]) -> npt.NDArray[np.float32]:
         done: Future[npt.NDArray[np.float32]] = Future()
@@ -135,9 +161,13 @@ class CoalescingEmbedder(EmbedderWrapper):
             self._closed = True
             self._ready.notify()
 
-    def _take(self) -> list[tuple[list[str], Future[npt.NDArray[np.float32]]]] | None:
+    def _take(self, *, wait: bool) -> list[tuple[list[str], Future[npt.NDArray[np.float32]]]] | None:
+        """What waits in the queue (after ``linger_s`` for more), up to ``max_requested`` texts; when
+        nothing waits, None once closed if ``wait`` (else blocks), and an empty list if not ``wait``."""
         with self._ready:
             while not self._queue:
+                if not wait:
+                    return []
                 if self._closed:
                     return None
                 self._ready.wait()
@@ -152,29 +182,119 @@ class CoalescingEmbedder(EmbedderWrapper):
         return taken
 
     def _work(self) -> None:
-        while (taken := self._take()) is not None:
-            waiting = list(taken)
-            try:
-                fresh, keys = self._lookup([t for batch, _ in taken for t in batch])
-                for start in range(0, len(fresh), self.max_texts):
-                    self._embed_call(fresh[start:start + self.max_texts], keys)
-                    waiting = self._answer(waiting)  # callers whose texts are all in go on now
-                self._answer(waiting, finished=True)
-            except BaseException as exc:  # noqa: BLE001 -- not swallowed: every caller still waiting re-raises it
-                for _, done in waiting:
-                    if not done.done():
-                        done.set_exception(exc)
-                continue
-            while len(self._memo) > self.memo_texts:
-                self._memo.popitem(last=False)
+        """Take what waits, look it up and hand its new texts to the inner embedder; while that runs,
+        take the next (once a pipelined inner has every share of the current call with a child:
+        :meth:`PipelinedEmbedder.wait_taken`), then answer the oldest call's callers when its rows are in."""
+        running: deque[_Take] = deque()  # handed to the inner embedder, oldest first (at most two)
+        while True:
+            if not running:
+                taken = self._take(wait=True)
+                if taken is None:
+                    return
+                running.append(self._start(taken, running))
+            if self._pipelined is not None and len(running) == 1:
+                self._pipelined.wait_taken()  # the last shares of the running call are with the children
+                taken = self._take(wait=False)
+                if taken:
+                    running.append(self._start(taken, running))
+            self._finish(running.popleft(), running)
 
-    def _answer(self, waiting: list[tuple[list[str], Future[npt.NDArray[np.float32]]]], *,
+    def _start(self, taken: list[tuple[list[str], Future[npt.NDArray[np.float32]]]],
+               running: deque[_Take]) -> _Take:
+        """Look ``taken`` up (memo, then cache) and hand its new texts to the inner embedder, in calls of
+        up to ``max_texts``; texts an earlier call still embeds are waited for, not embedded again."""
+        take = _Take(taken)
+        try:
+            texts = [t for batch, _ in taken for t in batch]
+            self.usage.requested += len(texts)
+            coming = {t for earlier in running for t in earlier.coming}
+            fresh, take.keys = self._lookup([t for t in dict.fromkeys(texts) if t not in coming])
+            take.rows.update((t, self._memo[t]) for t in dict.fromkeys(texts) if t in self._memo)
+            take.waits = {t for t in texts if t in coming}
+            for at in range(0, len(fresh), self.max_texts):
+                chunk = fresh[at:at + self.max_texts]  # handed over now if the inner embedder is pipelined
+                take.calls.append((chunk, self._submit(chunk) if self._pipelined is not None else None))
+                take.coming.update(chunk)
+        except BaseException as exc:  # noqa: BLE001 -- not swallowed: every caller of the take re-raises it
+            take.error = exc
+        return take
+
+    def _submit(self, texts: list[str]) -> Future[npt.NDArray[np.float32]]:
+        started = time.perf_counter()
+        if self.usage.first_call_at is None:
+            self.usage.first_call_at = started
+        if self._pipelined is not None:
+            done = self._pipelined.submit(texts)
+        else:
+            done = Future()
+            try:
+                done.set_result(self.inner.embed(texts))
+            except BaseException as exc:  # noqa: BLE001 -- not swallowed: the take's callers re-raise it
+                done.set_exception(exc)
+        done.add_done_callback(lambda _: self._count_call(started))
+        return done
+
+    def _count_call(self, started: float) -> None:
+        """The inner embedder's busy time: the union of its calls' spans (pipelined calls overlap)."""
+        ended = time.perf_counter()
+        with self._ready:
+            self.usage.seconds += max(0.0, ended - max(started, self._busy_until))
+            self._busy_until = max(self._busy_until, ended)
+            self.usage.last_call_end = max(self.usage.last_call_end or ended, ended)
+
+    def _finish(self, take: _Take, later: deque[_Take]) -> None:
+        """The take's rows as its calls end: into the memo, the cache and the later takes waiting for
+        them; each caller answered once its texts are in, or with the error that kept them out."""
+        waiting = list(take.taken)
+        try:
+            if take.error is not None:
+                for other in later:  # texts it had handed over are not answered through it either
+                    other.failed.update(dict.fromkeys(take.coming & other.waits, take.error))
+                raise take.error
+            for chunk, handed in take.calls:
+                try:
+                    matrix = (handed or self._submit(chunk)).result()
+                except BaseException as exc:
+                    for other in later:  # a later take's callers waiting for its texts not in yet fail with it
+                        other.failed.update(dict.fromkeys((take.coming & other.waits) - other.rows.keys(), exc))
+                    raise
+                vectors = self._check(chunk, matrix)
+                self.usage.texts += len(chunk)
+                self.usage.calls += 1
+                if self.cache is not None:
+                    started = time.perf_counter()
+                    self.cache.put_many(self.model_name, {take.keys[t]: vectors[n] for n, t in enumerate(chunk)})
+                    self.usage.lookup_s += time.perf_counter() - started
+                fresh = dict(zip(chunk, vectors, strict=True))
+                self._memo.update(fresh)
+                take.rows.update(fresh)
+                for other in later:
+                    other.rows.update((t, fresh[t]) for t in other.waits if t in fresh)
+                waiting = self._answer(take, waiting)  # callers whose texts are all in go on now
+            self._answer(take, waiting, finished=True)
+        except BaseException as exc:  # noqa: BLE001 -- not swallowed: every caller still waiting re-raises it
+            for _, done in waiting:
+                if not done.done():
+                    done.set_exception(exc)
+        while len(self._memo) > self.memo_texts:
+            self._memo.popitem(last=False)
+
+    def _check(self, chunk: list[str], matrix: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        if matrix.shape != (len(chunk), self.dim):
+            raise EmbeddingError(self.model_name, f"returned shape {matrix.shape} for {len(chunk)} texts")
+        return np.asarray(matrix, dtype=np.float32)
+
+    def _answer(self, take: _Take, waiting: list[tuple[list[str], Future[npt.NDArray[np.float32]]]], *,
                 finished: bool = False) -> list[tuple[list[str], Future[npt.NDArray[np.float32]]]]:
-        """Answer the callers whose texts are all in the memo (every one once ``finished``); the rest."""
+        """Answer the callers whose texts are all in (every one once ``finished``: rows, or the error of
+        an earlier call that was to embed one of its texts); the rest."""
         left = []
         for batch, done in waiting:
-            if finished or all(t in self._memo for t in batch):
-                done.set_result(self._rows(batch))
+            failed = next((take.failed[t] for t in batch if t in take.failed), None)
+            if failed is not None:
+                done.set_exception(failed)
+            elif finished or all(t in take.rows for t in batch):
+                done.set_result(self._rows(take, batch))
             else:
                 left.append((batch, done))
         return left
@@ -183,7 +303,6 @@ class CoalescingEmbedder(EmbedderWrapper):
         """Put the distinct texts found in the cache (one lookup) into the memo; the distinct texts
         neither the memo nor the cache holds, in the order asked, and their cache keys (with a cache)."""
         fresh = [t for t in dict.fromkeys(texts) if t not in self._memo]
-        self.usage.requested += len(texts)
         keys: dict[str, str] = {}
         if fresh and self.cache is not None:
             started = time.perf_counter()
@@ -201,27 +320,8 @@ class CoalescingEmbedder(EmbedderWrapper):
             fresh = [t for t in fresh if t not in hits]
         return fresh, keys
 
-    def _embed_call(self, fresh: list[str], keys: dict[str, str]) -> None:
-        """One inner call for ``fresh`` (distinct texts in neither memo nor cache): into the memo, and
-        stored in the cache under ``keys`` (from :meth:`_lookup`)."""
-        started = time.perf_counter()
-        if self.usage.first_call_at is None:
-            self.usage.first_call_at = started
-        matrix = self.inner.embed(fresh)
-        if matrix.shape != (len(fresh), self.dim):
-            raise EmbeddingError(self.model_name, f"returned shape {matrix.shape} for {len(fresh)} texts")
-        self.usage.last_call_end = time.perf_counter()
-        self.usage.seconds += self.usage.last_call_end - started
-        self.usage.texts += len(fresh)
-        self.usage.calls += 1
-        vectors = np.asarray(matrix, dtype=np.float32)
-        if self.cache is not None:
-            started = time.perf_counter()
-            self.cache.put_many(self.model_name, {keys[t]: vectors[n] for n, t in enumerate(fresh)})
-            self.usage.lookup_s += time.perf_counter() - started
-        self._memo.update(zip(fresh, vectors, strict=True))
-
-    def _rows(self, batch: list[str]) -> npt.NDArray[np.float32]:
+    def _rows(self, take: _Take, batch: list[str]) -> npt.NDArray[np.float32]:
         for text in batch:
-            self._memo.move_to_end(text)  # recently asked: kept longest
-        return np.stack([self._memo[t] for t in batch]).astype(np.float32, copy=False)
+            if text in self._memo:
+                self._memo.move_to_end(text)  # recently asked: kept longest
+        return np.stack([take.rows[t] for t in batch]).astype(np.float32, copy=False)

@@ -30,13 +30,13 @@ process runs, so a test session or a long-lived worker pays the ~5 s torch impor
 from __future__ import annotations
 
 import atexit
-import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
@@ -274,9 +274,43 @@ def _child_command(fd: int, spec: EncoderSpec) -> list[str]:
     return [sys.executable, "-c", code, str(fd), json.dumps(asdict(spec))]
 
 
+@dataclass
+class _PoolCall:
+    """One call of an :class:`EncoderPool`: its texts, its shares, the rows filled in as shares end."""
+
+    texts: list[str]
+    shares: list[list[int]]
+    done: Future[npt.NDArray[np.float32]]
+    left: int
+    rows: npt.NDArray[np.float32] | None = None
+
+    def put(self, n: int, part: npt.NDArray[np.float32], lock: threading.Lock) -> None:
+        with lock:
+            if self.done.done():
+                return
+            if self.rows is None:
+                self.rows = np.zeros((len(self.texts), part.shape[1]), dtype=np.float32)
+            self.rows[self.shares[n]] = part
+            self.left -= 1
+            if self.left == 0:
+                self.done.set_result(self.rows)
+
+    def fail(self, exc: BaseException, lock: threading.Lock) -> None:
+        with lock:
+            if not self.done.done():
+                self.done.set_exception(exc)
+
+
 class EncoderPool:
     """An :class:`~tmem.ports.Embedder` over ``processes`` :class:`EncoderProcess` children: a call's
-    texts, longest first, in shares of about equal length, each share to the next free child."""
+    texts, longest first, in shares of about equal length, each share to the next free child.
+
+    Calls may overlap (:meth:`submit`): a call's shares queue behind those of the calls before it, and
+    a child that ends its last share of one call takes the first of the next. Called one at a time, a
+    child that finished its last share idled until the other finished theirs, then while the caller
+    looked up and handed over the next call's texts (the build's queue, :mod:`tmem.llm.embed_queue`,
+    now hands the next call over once every share of the current one is with a child:
+    :meth:`wait_taken`)."""
 
     SHARES_PER_CHILD = 4  # enough that a child slowed by the build's work leaves the rest to the others
     MIN_SHARE_TEXTS = 8
@@ -291,8 +325,11 @@ class EncoderPool:
             raise EmbeddingError(spec.model, f"an encoder pool needs at least one process, got {processes}")
         self.spec = spec
         self.children = [EncoderProcess(spec) for _ in range(processes)]
-        self._feeders = ThreadPoolExecutor(max_workers=processes, thread_name_prefix="tmem-encoder-feed")
-        self._lock = threading.Lock()  # one call at a time: each child serves one stream of shares
+        self._queued: deque[tuple[_PoolCall, int]] = deque()  # shares no child has taken yet, in call order
+        self._changed = threading.Condition()  # a share queued or taken, or the pool closed
+        self._rows_lock = threading.Lock()
+        self._feeders: list[threading.Thread] = []  # one per child, started with the first call
+        self._closed = False
 
     @property
     def model_name(self) -> str:
@@ -312,45 +349,84 @@ class EncoderPool:
 
     def start(self) -> None:
         """Start every child now (they load the model side by side), rather than each on its first share."""
-        for found in [self._feeders.submit(child.start) for child in self.children]:
-            found.result()
+        with ThreadPoolExecutor(max_workers=len(self.children), thread_name_prefix="tmem-encoder-start") as starting:
+            for found in [starting.submit(child.start) for child in self.children]:
+                found.result()
 
     def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        return self.submit(texts).result()
+
+    def submit(self, texts: list[str]) -> Future[npt.NDArray[np.float32]]:
+        """Queue a call of ``texts`` (at least one) behind the calls before it; its rows when every share
+        is in, or the first error of one of its shares (its other shares are then skipped)."""
+        if not texts:
+            raise ValueError("an encoder pool call needs at least one text")
         shares = self.plan(texts)
-        with self._lock:
-            if len(shares) == 1 or len(self.children) == 1:
-                return self.children[0].embed(list(texts))
-            rows = np.zeros((len(texts), self.dim), dtype=np.float32)
-            taken = itertools.count()  # the next share; next() on a count is atomic under the GIL
-            failed = threading.Event()
+        call = _PoolCall(list(texts), shares, Future(), len(shares))
+        with self._changed:
+            if self._closed:
+                raise EmbeddingError(self.spec.model, "the encoder pool was closed")
+            if not self._feeders:
+                self._feeders = [threading.Thread(target=self._feed, args=(child,), name=f"tmem-encoder-feed-{n}",
+                                                  daemon=True) for n, child in enumerate(self.children)]
+                for feeder in self._feeders:
+                    feeder.start()
+            self._queued.extend((call, n) for n in range(len(shares)))
+            self._changed.notify_all()
+        return call.done
 
-            def drain(child: EncoderProcess) -> None:
-                while not failed.is_set() and (n := next(taken)) < len(shares):
-                    try:
-                        rows[shares[n]] = child.embed([texts[i] for i in shares[n]])
-                    except BaseException:
-                        failed.set()  # the other children stop after their current share
-                        raise
+    def wait_taken(self, timeout: float | None = None) -> bool:
+        """Wait until a child has taken every share queued so far (the children are on the last shares
+        of what was submitted); whether that happened within ``timeout``."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._queued or self._closed, timeout)
 
-            feeds: list[Future[None]] = [self._feeders.submit(drain, child) for child in self.children]
-            errors = [exc for f in feeds if (exc := f.exception()) is not None]
-        if errors:
-            raise errors[0]
-        return rows
+    def _feed(self, child: EncoderProcess) -> None:
+        """A child's feeder: the next queued share to the child, until the pool closes."""
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._queued) or self._closed)
+                if not self._queued:
+                    return  # closed and nothing left
+                call, n = self._queued.popleft()
+                self._changed.notify_all()
+            if call.done.done():
+                continue  # another share of the call failed: the call is over
+            try:
+                part = child.embed([call.texts[i] for i in call.shares[n]])
+            except BaseException as exc:  # noqa: BLE001 -- not swallowed: the call's caller raises it
+                call.fail(exc, self._rows_lock)
+                continue
+            call.put(n, part, self._rows_lock)
 
     def plan(self, texts: list[str]) -> list[list[int]]:
-        """The shares of a call: indices of ``texts``, longest first (:func:`length_shares`)."""
+        """The shares of a call: indices of ``texts``, longest first (:func:`length_shares`); the whole
+        call as one share for a pool of one child (it sorts its texts into token batches itself)."""
+        if len(self.children) == 1:
+            return [list(range(len(texts)))]
         return length_shares([len(t) for t in texts], len(self.children) * self.SHARES_PER_CHILD,
                              self.MIN_SHARE_TEXTS)
 
     def close(self) -> None:
         """End every child: all told first, then waited for, so they end side by side (one after
-        the other, each child's exit was ~1.2 s of a nightly's end on 2 cores)."""
-        stopped = [child.stop() for child in self.children]
+        the other, each child's exit was ~1.2 s of a nightly's end on 2 cores). A call still queued
+        fails; a call after this one starts the children anew."""
+        with self._changed:
+            self._closed = True
+            left, self._queued = list(self._queued), deque()
+            feeders, self._feeders = self._feeders, []
+            self._changed.notify_all()
+        for call, _ in left:
+            call.fail(EmbeddingError(self.spec.model, "the encoder pool was closed"), self._rows_lock)
+        stopped = [child.stop() for child in self.children]  # each after the share its child is on
         for process in stopped:
             EncoderProcess.reap(process)
+        for feeder in feeders:
+            feeder.join()
+        with self._changed:
+            self._closed = False
 
 
 def length_shares(lengths: list[int], shares: int, min_texts: int) -> list[list[int]]:
