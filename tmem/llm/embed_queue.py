@@ -208,9 +208,10 @@ class CoalescingEmbedder(EmbedderWrapper):
             texts = [t for batch, _ in taken for t in batch]
             self.usage.requested += len(texts)
             coming = {t for earlier in running for t in earlier.coming}
-            fresh, take.keys = self._lookup([t for t in dict.fromkeys(texts) if t not in coming])
-            take.rows.update((t, self._memo[t]) for t in dict.fromkeys(texts) if t in self._memo)
-            take.waits = {t for t in texts if t in coming}
+            distinct = list(dict.fromkeys(texts))
+            take.waits = {t for t in distinct if t in coming}
+            fresh, take.keys = self._lookup([t for t in distinct if t not in take.waits])
+            take.rows.update((t, self._memo[t]) for t in distinct if t in self._memo)
             for at in range(0, len(fresh), self.max_texts):
                 chunk = fresh[at:at + self.max_texts]  # handed over now if the inner embedder is pipelined
                 take.calls.append((chunk, self._submit(chunk) if self._pipelined is not None else None))

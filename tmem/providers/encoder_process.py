@@ -38,7 +38,7 @@ import sys
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -280,23 +280,24 @@ class _PoolCall:
 
     texts: list[str]
     shares: list[list[int]]
-    done: Future[npt.NDArray[np.float32]]
-    left: int
+    done: Future[npt.NDArray[np.float32]] = field(default_factory=Future)
     rows: npt.NDArray[np.float32] | None = None
+    _in: int = 0  # shares put so far
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # the children's feeders put side by side
 
-    def put(self, n: int, part: npt.NDArray[np.float32], lock: threading.Lock) -> None:
-        with lock:
+    def put(self, n: int, part: npt.NDArray[np.float32]) -> None:
+        with self._lock:
             if self.done.done():
                 return
             if self.rows is None:
                 self.rows = np.zeros((len(self.texts), part.shape[1]), dtype=np.float32)
             self.rows[self.shares[n]] = part
-            self.left -= 1
-            if self.left == 0:
+            self._in += 1
+            if self._in == len(self.shares):
                 self.done.set_result(self.rows)
 
-    def fail(self, exc: BaseException, lock: threading.Lock) -> None:
-        with lock:
+    def fail(self, exc: BaseException) -> None:
+        with self._lock:
             if not self.done.done():
                 self.done.set_exception(exc)
 
@@ -327,7 +328,6 @@ class EncoderPool:
         self.children = [EncoderProcess(spec) for _ in range(processes)]
         self._queued: deque[tuple[_PoolCall, int]] = deque()  # shares no child has taken yet, in call order
         self._changed = threading.Condition()  # a share queued or taken, or the pool closed
-        self._rows_lock = threading.Lock()
         self._feeders: list[threading.Thread] = []  # one per child, started with the first call
         self._closed = False
 
@@ -364,7 +364,7 @@ class EncoderPool:
         if not texts:
             raise ValueError("an encoder pool call needs at least one text")
         shares = self.plan(texts)
-        call = _PoolCall(list(texts), shares, Future(), len(shares))
+        call = _PoolCall(list(texts), shares)
         with self._changed:
             if self._closed:
                 raise EmbeddingError(self.spec.model, "the encoder pool was closed")
@@ -397,9 +397,9 @@ class EncoderPool:
             try:
                 part = child.embed([call.texts[i] for i in call.shares[n]])
             except BaseException as exc:  # noqa: BLE001 -- not swallowed: the call's caller raises it
-                call.fail(exc, self._rows_lock)
+                call.fail(exc)
                 continue
-            call.put(n, part, self._rows_lock)
+            call.put(n, part)
 
     def plan(self, texts: list[str]) -> list[list[int]]:
         """The shares of a call: indices of ``texts``, longest first (:func:`length_shares`); the whole
@@ -419,7 +419,7 @@ class EncoderPool:
             feeders, self._feeders = self._feeders, []
             self._changed.notify_all()
         for call, _ in left:
-            call.fail(EmbeddingError(self.spec.model, "the encoder pool was closed"), self._rows_lock)
+            call.fail(EmbeddingError(self.spec.model, "the encoder pool was closed"))
         stopped = [child.stop() for child in self.children]  # each after the share its child is on
         for process in stopped:
             EncoderProcess.reap(process)
