@@ -345,3 +345,19 @@ def test_with_a_pipelined_encoder_a_failed_call_fails_the_callers_waiting_for_it
     later.join(10)
     assert not later.is_alive()
     queue.close()
+
+
+class FactsNotYet(PipelinedDouble):
+    """A pipelined embedder whose model facts must not be asked for (its model has not loaded)."""
+
+    @property
+    def dim(self) -> int:
+        raise AssertionError("the model's dimension was asked for")
+
+
+def test_a_queue_over_a_pipelined_encoder_opens_without_asking_for_the_model() -> None:
+    """Opening the build's queue must not wait for the encoder's model (a Dask publisher's pool starts
+    no child unless asked); the pipelined check once read every member of the embedder, ``dim`` too."""
+    queue = CoalescingEmbedder(FactsNotYet(), linger_s=0.0)
+    assert queue._pipelined is not None
+    queue.close()

@@ -58,8 +58,10 @@ class Embedder(Protocol):
 
 
 @runtime_checkable
-class PipelinedEmbedder(Embedder, Protocol):
-    """An :class:`Embedder` that takes a call while earlier ones run (the build's encoder pool)."""
+class PipelinedEmbedder(Protocol):
+    """What an :class:`Embedder` that takes a call while earlier ones run (the build's encoder pool) has
+    besides. Methods only: ``isinstance`` on a protocol reads each of its members, and an embedder's
+    ``dim`` waits for its model to load."""
 
     def submit(self, texts: list[str]) -> Future[npt.NDArray[np.float32]]:
         """Queue a call of ``texts`` (at least one) behind the calls before it; its rows when done."""
