@@ -18,10 +18,18 @@ Steps, in a fresh temporary store and Prefect home:
 
 Per phase: wall time (outside the process), LLM calls (requests the server answered), the LLM
 throughput bound (calls x latency / in flight), the measured embedding time (the texts this phase
-embedded for the first time, read from the snapshot's vector rows and the embedding cache: a
-random sample of at most ``--embed-sample`` of them embedded here, alone, with the build's model
-and batch size, scaled to all), Prefect API requests and websocket messages, and for the phases
-with no LLM call the wall time per conversation.
+embedded for the first time, read from the snapshot's vector rows and the embedding cache,
+embedded here after the phase, alone, with the build's model and batch size: all of them with the
+build's encoder layout (``--layout-sample N``: a random sample of N, scaled to all), and a sample of
+at most ``--embed-sample`` in this process at torch's default threads, scaled; the bound is the
+faster), Prefect API requests and websocket messages, and for the phases with no LLM call the wall
+time per conversation.
+
+Why all texts: the phase's wall time averages the machine's speed over minutes, a 3,000-text sample
+(~30 s) over half a minute, and on this shared 2-core machine that half minute moved ±14 % between
+runs minutes apart (the build layout's sample: 233-308 s at 1,000 for the same texts) while the walls
+of the same code moved ±4 %. The samples of earlier results (``layout_sampled`` < ``texts`` in their
+JSON) are kept as they were.
 
     HF_HUB_OFFLINE=1 python bench/nightly_scale.py [--conversations 1000] [--sessions 3]
         [--latency-ms 300] [--in-flight 64] [--runner threads|dask] [--workers 2]
@@ -131,11 +139,13 @@ def cached_keys(store: Path) -> set[str]:
         con.close()
 
 
-def embedding_seconds(texts: list[str], sample: int, seed: int, settings: list[str]) -> dict[str, Any]:
-    """Embed a random sample of ``texts`` alone, seconds scaled to all: with sentence-transformers in
-    this process at torch's default threads (``in_process``), and with the encoder the build uses
-    under ``settings`` (``build_layout``: e.g. its pool of encoder processes). ``seconds``, the bound,
-    is the faster of the two."""
+def embedding_seconds(texts: list[str], sample: int, seed: int, settings: list[str],
+                      layout_sample: int = 0) -> dict[str, Any]:
+    """Embed ``texts`` alone, seconds scaled to all: a random sample of at most ``sample`` with
+    sentence-transformers in this process at torch's default threads (``in_process``), and all of them
+    (``layout_sample`` > 0: a random sample of that many) with the encoder the build uses under
+    ``settings`` (``build_layout``: e.g. its pool of encoder processes). ``seconds``, the bound, is the
+    faster of the two."""
     from tmem.build.runtime import _embedder, encoder_layout
     from tmem.providers.encoder_process import EncoderPool
     from tmem.providers.sentence_transformer import SentenceTransformerEmbedder
@@ -143,22 +153,26 @@ def embedding_seconds(texts: list[str], sample: int, seed: int, settings: list[s
 
     if not texts:
         return {"texts": 0, "seconds": 0.0, "sampled": 0}
-    chosen = random.Random(seed).sample(texts, min(sample, len(texts)))
+    shuffled = random.Random(seed).sample(texts, len(texts))
+    chosen = shuffled[:sample]
+    layout = shuffled[:layout_sample] if layout_sample > 0 else shuffled
     values = dict(item.split("=", 1) for item in settings)
     build = load_settings(**{k.removeprefix("TMEM_").lower(): v for k, v in values.items()}, embedding_model=EMBED_MODEL)
-    result: dict[str, Any] = {"texts": len(texts), "sampled": len(chosen),
+    result: dict[str, Any] = {"texts": len(texts), "sampled": len(chosen), "layout_sampled": len(layout),
                               "build_layout": dict(zip(("processes", "threads"), encoder_layout(build, worker=False),
                                                        strict=True))}
-    for name, embedder in (("in_process", SentenceTransformerEmbedder(EMBED_MODEL, batch_size=64)),
-                           ("build_layout", _embedder(build, worker=False))):
+    for name, embedder, share in (("in_process", SentenceTransformerEmbedder(EMBED_MODEL, batch_size=64), chosen),
+                                  ("build_layout", _embedder(build, worker=False), layout)):
         if isinstance(embedder, EncoderPool):
             embedder.start()  # every child, not only the one the warm-up call reaches
-        embedder.embed(chosen[:512])  # load the model and warm up (every child of a pool: a share each)
+        embedder.embed(share[:512])  # load the model and warm up (every child of a pool: a share each)
         started = time.perf_counter()
-        embedder.embed(chosen)
+        embedder.embed(share)
         took = time.perf_counter() - started
         result[f"{name}_sample_seconds"] = round(took, 2)
-        result[f"{name}_seconds"] = round(took * len(texts) / len(chosen), 1)
+        result[f"{name}_seconds"] = round(took * len(texts) / len(share), 1)
+        if isinstance(embedder, EncoderPool):
+            embedder.close()  # its children would otherwise embed beside the next measurement's
     result["seconds"] = min(result["in_process_seconds"], result["build_layout_seconds"])
     return result
 
@@ -189,7 +203,9 @@ def main() -> None:
     parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--repo", type=Path, default=REPO, help="the tmem checkout to measure")
     parser.add_argument("--phases", default="first,warm,nochange,nightly")
-    parser.add_argument("--embed-sample", type=int, default=3000)
+    parser.add_argument("--embed-sample", type=int, default=3000, help="texts the in-process bound embeds")
+    parser.add_argument("--layout-sample", type=int, default=0,
+                        help="texts the build-layout bound embeds (0: all the phase's new texts)")
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--timeout-s", type=float, default=4 * 3600)
     parser.add_argument("--label", default=None)
@@ -273,7 +289,7 @@ def main() -> None:
         row: dict[str, Any] = {
             "wall_s": round(wall, 1), "flow_s": (build or {}).get("seconds"), "conversations": conversations,
             "llm_calls": calls, "llm_bound_s": round(calls * args.latency_ms / 1000 / args.in_flight, 1),
-            "embedding": embedding_seconds(new, args.embed_sample, args.seed, args.setting),
+            "embedding": embedding_seconds(new, args.embed_sample, args.seed, args.setting, args.layout_sample),
             "prefect_http": api.get("http", 0), "prefect_ws_messages": api.get("ws_messages", 0),
             "prefect_top": dict(Counter({k: v for k, v in api.items() if k not in {"http", "ws_messages"}}).most_common(8)),
             "status": (build or {}).get("status", "no build"), "returncode": out["returncode"], "loadavg": load,
