@@ -41,7 +41,7 @@ import duckdb
 from tmem.retrieval.lexical import BM25Section
 from tmem.store.snapshot.image import IMAGE_FILE, IMAGE_TABLE, write_conversation_images
 from tmem.store.snapshot.image_vectors import lance_source
-from tmem.store.snapshot.published import current_snapshot
+from tmem.store.snapshot.published import current_snapshot, snapshot_tables
 from tmem.store.snapshot.reader import resolve_lance_uri
 
 store = Path(sys.argv[2])
@@ -50,10 +50,9 @@ out = Path(tempfile.mkdtemp(prefix="tmem-publish-images-"))
 con = duckdb.connect(str(out / "copy.duckdb"))
 con.execute("SET TimeZone = 'UTC'")
 con.execute("ATTACH ? AS snap (READ_ONLY)", [str(info.memory_db)])
-names = [r[0] for r in con.execute(
-    "SELECT table_name FROM duckdb_tables() WHERE database_name = 'snap' AND table_name <> ?", [IMAGE_TABLE]).fetchall()]
-for name in names:
-    con.execute(f'CREATE TABLE main."{name}" AS SELECT * FROM snap."{name}"')
+for name in snapshot_tables(con, "snap"):  # as the snapshot upgrade copies them, its image index left out
+    if name != IMAGE_TABLE:
+        con.execute(f'CREATE TABLE main."{name}" AS SELECT * FROM snap."{name}"')
 con.execute("DETACH snap")
 source = lance_source(resolve_lance_uri(info, store), info.lance_versions)
 usage = resource.getrusage(resource.RUSAGE_SELF)
